@@ -1,0 +1,210 @@
+//! The reference token-bucket arithmetic (SPEC §4).
+//!
+//! Every store decides through these functions, and `store/bucket.lua` mirrors them operation for
+//! operation. The two must agree to the last bit, so the rules here are stricter than plain Rust
+//! would need:
+//!
+//! - All arithmetic is in `f64`, in the same order as the Lua. Times are whole milliseconds since
+//!   the Unix epoch, clamped to [`MAX_TIME`] so that every time is an exact `f64`.
+//! - `min`/`max` are written out as comparisons with Lua's tie rule (on a tie the first argument
+//!   wins), because `f64::min` may pick either zero when comparing `0.0` with `-0.0`.
+//! - The refill over `e` milliseconds is always `e * tokens / interval`, multiplied first, so a
+//!   whole number of intervals refills a whole number of tokens exactly.
+//! - Waits are not a bare `ceil(deficit / rate)`: the estimate is corrected until it is the least
+//!   whole millisecond at which [`evaluate`] itself would admit. That is what makes "admitted at
+//!   `now + wait`, denied one millisecond earlier" hold exactly, whatever the rounding.
+
+/// The largest time, in milliseconds since the Unix epoch, the arithmetic works with (2^53 − 1,
+/// about 285,000 years). Later times are clamped to it; every smaller time is an exact `f64`.
+pub(crate) const MAX_TIME: u64 = (1 << 53) - 1;
+
+/// The longest reservation, in milliseconds (2^44, about 557 years); longer `max_wait`s are
+/// clamped to it. It bounds the debt a bucket can carry, which keeps every wait far below 2^53
+/// and so every step of [`ready_at`] exact.
+pub(crate) const MAX_WAIT: u64 = 1 << 44;
+
+/// The stored state of one bucket: `t` tokens available at `ts` (milliseconds since the epoch).
+///
+/// `t` may be negative: a reservation debits tokens that have not refilled yet.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct State {
+    pub(crate) t: f64,
+    pub(crate) ts: f64,
+}
+
+/// A limit in the arithmetic's own terms: `tokens` refill every `interval` milliseconds, up to
+/// `capacity`. All three are whole numbers.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Params {
+    pub(crate) tokens: f64,
+    pub(crate) interval: f64,
+    pub(crate) capacity: f64,
+}
+
+/// What one call decided, in whole milliseconds and whole tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Outcome {
+    /// Admitted now (`wait == 0`) or after `wait` (a reservation).
+    pub(crate) allowed: bool,
+    /// Until admission when allowed, until it could be admitted when denied.
+    pub(crate) wait: u64,
+    /// Whole tokens left after the decision.
+    pub(crate) remaining: u64,
+    /// Until the bucket is full again.
+    pub(crate) reset: u64,
+}
+
+/// The state to store after a call that writes, with the key's time to live.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Write {
+    pub(crate) state: State,
+    /// When the bucket is full again, in milliseconds since the epoch; from then on the state
+    /// says nothing a missing one would not, and can be dropped.
+    pub(crate) full: f64,
+    /// Milliseconds: until the bucket is full again, plus one interval of margin.
+    pub(crate) ttl: u64,
+}
+
+/// Lua's `math.min(a, b)`: `b` only when strictly smaller.
+fn min(a: f64, b: f64) -> f64 {
+    if b < a { b } else { a }
+}
+
+/// Lua's `math.max(a, b)`: `b` only when strictly larger.
+fn max(a: f64, b: f64) -> f64 {
+    if b > a { b } else { a }
+}
+
+/// Clamps a time to [`MAX_TIME`] and makes it an `f64`, exactly.
+pub(crate) fn time(ms: u64) -> f64 {
+    if ms > MAX_TIME {
+        MAX_TIME as f64
+    } else {
+        ms as f64
+    }
+}
+
+/// Converts a whole, non-negative `f64` millisecond count back to `u64` (saturating).
+fn whole(ms: f64) -> u64 {
+    ms as u64
+}
+
+/// Tokens refilled over `elapsed` milliseconds, before the cap.
+fn refill(p: &Params, elapsed: f64) -> f64 {
+    elapsed * p.tokens / p.interval
+}
+
+/// The earliest time at which a bucket stored as `(t, ts)` holds at least `target` tokens: `ts`
+/// plus the least whole `e >= 0` with `t + refill(e) >= target`.
+fn ready_at(p: &Params, t: f64, ts: f64, target: f64) -> f64 {
+    if t >= target {
+        return ts;
+    }
+    let mut e = ((target - t) * p.interval / p.tokens).ceil();
+    // The estimate is off by at most one either way; walk it to the exact answer.
+    while t + refill(p, e) < target {
+        e += 1.0;
+    }
+    while e > 0.0 && t + refill(p, e - 1.0) >= target {
+        e -= 1.0;
+    }
+    ts + e
+}
+
+/// Tokens available at `now` and the time to store with them. A missing state is a full bucket.
+fn available(p: &Params, state: Option<State>, now: f64) -> (State, f64, f64) {
+    let s = state.unwrap_or(State {
+        t: p.capacity,
+        ts: now,
+    });
+    // A clock behind the stored time refills nothing, and the stored time never moves back.
+    let elapsed = max(0.0, now - s.ts);
+    let avail = min(p.capacity, s.t + refill(p, elapsed));
+    (s, avail, max(s.ts, now))
+}
+
+/// The write for a new state: the key lives until the bucket is full, plus one interval.
+fn write(p: &Params, t: f64, ts: f64, now: f64) -> Write {
+    let full = ready_at(p, t, ts, p.capacity);
+    Write {
+        state: State { t, ts },
+        full,
+        ttl: whole(full - now + p.interval),
+    }
+}
+
+fn whole_tokens(t: f64) -> u64 {
+    whole(max(0.0, t).floor())
+}
+
+/// Takes `cost` tokens at `now`, or reserves them when they refill within `max_wait`
+/// milliseconds, or denies without writing. `cost` must be in `1..=capacity`.
+pub(crate) fn evaluate(
+    p: &Params,
+    state: Option<State>,
+    now: u64,
+    cost: f64,
+    max_wait: u64,
+) -> (Outcome, Option<Write>) {
+    let now = time(now);
+    let max_wait = if max_wait > MAX_WAIT {
+        MAX_WAIT as f64
+    } else {
+        max_wait as f64
+    };
+    let (s, avail, ts) = available(p, state, now);
+    let wait = if avail >= cost {
+        0.0
+    } else {
+        // Measured from the stored state, as a later call would measure it.
+        ready_at(p, s.t, s.ts, cost) - now
+    };
+    if wait <= max_wait {
+        let w = write(p, avail - cost, ts, now);
+        let outcome = Outcome {
+            allowed: true,
+            wait: whole(wait),
+            remaining: whole_tokens(w.state.t),
+            reset: whole(w.full - now),
+        };
+        (outcome, Some(w))
+    } else {
+        let outcome = Outcome {
+            allowed: false,
+            wait: whole(wait),
+            remaining: whole_tokens(avail),
+            reset: whole(ready_at(p, s.t, s.ts, p.capacity) - now),
+        };
+        (outcome, None)
+    }
+}
+
+/// What a bucket holds at `now`, without taking or writing anything.
+pub(crate) fn peek(p: &Params, state: Option<State>, now: u64) -> Outcome {
+    let now = time(now);
+    let (s, avail, _) = available(p, state, now);
+    Outcome {
+        allowed: avail >= 1.0,
+        wait: whole(max(0.0, ready_at(p, s.t, s.ts, 1.0) - now)),
+        remaining: whole_tokens(avail),
+        reset: whole(max(0.0, ready_at(p, s.t, s.ts, p.capacity) - now)),
+    }
+}
+
+/// Gives `cost` tokens back (an abandoned reservation), never above capacity.
+pub(crate) fn refund(p: &Params, state: Option<State>, now: u64, cost: f64) -> Write {
+    let now = time(now);
+    let (_, avail, ts) = available(p, state, now);
+    write(p, min(p.capacity, avail + cost), ts, now)
+}
+
+/// Empties the bucket until `until`: nothing is available before it, and refill starts there.
+/// Debt from reservations is kept.
+pub(crate) fn drain_until(p: &Params, state: Option<State>, now: u64, until: u64) -> Write {
+    let now = time(now);
+    let (_, avail, ts) = available(p, state, now);
+    write(p, min(avail, 0.0), max(ts, time(until)), now)
+}
+
+#[cfg(test)]
+mod tests;

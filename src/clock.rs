@@ -1,0 +1,193 @@
+//! Where buckets get the time from.
+//!
+//! Stores take `now` from a [`Clock`], never from Redis's `TIME`: tests can then be exact, and a
+//! script that writes after reading `TIME` would not be safe to replicate.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// A source of wall time in whole milliseconds since the Unix epoch.
+///
+/// Buckets shared across hosts compare times written by different processes, so a clock must
+/// count from the same origin everywhere: the Unix epoch. Workers whose clocks disagree cost
+/// throughput but never exceed the limit by more than `min(capacity, skew × rate)` once: a clock
+/// behind the stored time refills nothing, and the stored time never moves backwards.
+pub trait Clock: Send + Sync + 'static {
+    /// Milliseconds since the Unix epoch.
+    fn now_ms(&self) -> u64;
+
+    /// The same time as a [`SystemTime`].
+    fn now(&self) -> SystemTime {
+        UNIX_EPOCH + Duration::from_millis(self.now_ms())
+    }
+}
+
+impl<C: Clock + ?Sized> Clock for Arc<C> {
+    fn now_ms(&self) -> u64 {
+        (**self).now_ms()
+    }
+}
+
+/// The machine's wall clock, [`SystemTime::now`]. The default: shared buckets need wall time.
+///
+/// A clock set before 1970 reads as the epoch itself.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_ms(&self) -> u64 {
+        millis_since_epoch(SystemTime::now())
+    }
+}
+
+/// A clock that only moves when told to. Clones share one time, so a test can hand a clone to a
+/// store and advance it from outside.
+///
+/// ```
+/// use std::time::Duration;
+/// use burstgate::{Clock, ManualClock};
+///
+/// let clock = ManualClock::new(1_000);
+/// let store_side = clock.clone();
+/// clock.advance(Duration::from_millis(500));
+/// assert_eq!(store_side.now_ms(), 1_500);
+/// ```
+#[derive(Clone, Default)]
+pub struct ManualClock {
+    ms: Arc<AtomicU64>,
+}
+
+impl ManualClock {
+    /// A clock reading `ms` milliseconds since the Unix epoch.
+    pub fn new(ms: u64) -> Self {
+        Self {
+            ms: Arc::new(AtomicU64::new(ms)),
+        }
+    }
+
+    /// Moves the time forward by `by`, in whole milliseconds (rounded down), saturating.
+    pub fn advance(&self, by: Duration) {
+        let by = u64::try_from(by.as_millis()).unwrap_or(u64::MAX);
+        // `fetch_update` with a closure that always returns `Some` cannot fail.
+        let _ = self
+            .ms
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |ms| {
+                Some(ms.saturating_add(by))
+            });
+    }
+
+    /// Sets the time to `ms` milliseconds since the epoch, also backwards (to test skew).
+    pub fn set(&self, ms: u64) {
+        self.ms.store(ms, Ordering::SeqCst);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now_ms(&self) -> u64 {
+        self.ms.load(Ordering::SeqCst)
+    }
+}
+
+impl fmt::Debug for ManualClock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ManualClock")
+            .field("now_ms", &self.now_ms())
+            .finish()
+    }
+}
+
+/// Wall time that advances with tokio's clock, so `#[tokio::test(start_paused = true)]` and
+/// [`tokio::time::advance`] drive the buckets.
+///
+/// It reads the wall clock once, when created, and from then on adds the time that
+/// [`tokio::time::Instant`] reports as passed. In a running program that is ordinary wall time;
+/// with tokio's time paused, it is the paused time. It must be created inside a tokio runtime
+/// when time is paused, so that both readings come from the paused clock.
+#[derive(Debug, Clone, Copy)]
+pub struct TokioClock {
+    origin_ms: u64,
+    start: tokio::time::Instant,
+}
+
+impl TokioClock {
+    /// A clock that starts at the current wall time.
+    pub fn new() -> Self {
+        Self::starting_at(millis_since_epoch(SystemTime::now()))
+    }
+
+    /// A clock that reads `ms` milliseconds since the epoch now and advances with tokio's time.
+    pub fn starting_at(ms: u64) -> Self {
+        Self {
+            origin_ms: ms,
+            start: tokio::time::Instant::now(),
+        }
+    }
+}
+
+impl Default for TokioClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for TokioClock {
+    fn now_ms(&self) -> u64 {
+        let passed = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.origin_ms.saturating_add(passed)
+    }
+}
+
+fn millis_since_epoch(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// Milliseconds since the epoch for a deadline, rounded up so a drain never ends early.
+pub(crate) fn deadline_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| {
+            let ms = d.as_nanos().div_ceil(1_000_000);
+            u64::try_from(ms).unwrap_or(u64::MAX)
+        })
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn manual_clock_clones_share_time_and_saturate() {
+        let c = ManualClock::new(u64::MAX - 1);
+        let d = c.clone();
+        c.advance(Duration::from_secs(10));
+        assert_eq!(d.now_ms(), u64::MAX);
+        d.set(5);
+        assert_eq!(c.now_ms(), 5);
+        assert_eq!(c.now(), UNIX_EPOCH + Duration::from_millis(5));
+    }
+
+    #[test]
+    fn deadlines_round_up() {
+        assert_eq!(deadline_ms(UNIX_EPOCH + Duration::from_micros(1001)), 2);
+        assert_eq!(deadline_ms(UNIX_EPOCH + Duration::from_millis(7)), 7);
+        assert_eq!(deadline_ms(UNIX_EPOCH - Duration::from_secs(1)), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn tokio_clock_follows_paused_time() {
+        let c = TokioClock::starting_at(1_000);
+        tokio::time::advance(Duration::from_millis(250)).await;
+        assert_eq!(c.now_ms(), 1_250);
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert_eq!(c.now_ms(), 61_250);
+    }
+
+    #[test]
+    fn system_clock_is_after_2020() {
+        assert!(SystemClock.now_ms() > 1_577_836_800_000);
+    }
+}

@@ -1,0 +1,423 @@
+//! Where buckets live: the [`BucketStore`] trait and its backends.
+//!
+//! Both front ends hand every decision to a store; neither has arithmetic of its own. Two stores
+//! ship with the crate and decide identically, to the last bit of the stored state:
+//!
+//! - [`MemoryStore`]: in this process. The embedded default, and the one to use in unit tests.
+//! - [`RedisStore`] (feature `redis`): shared by every process that reaches the same Redis, so
+//!   many workers on many hosts spend one budget.
+//!
+//! # Generic or boxed
+//!
+//! [`BucketStore`] returns `impl Future` from each method, so code generic over `S: BucketStore`
+//! calls a store with no boxing and no dynamic dispatch on the hot path. Such a trait cannot be a
+//! trait object itself; where one type must hold any store, use `Arc<dyn DynBucketStore>`:
+//! [`DynBucketStore`] is implemented for every `BucketStore`, and `Arc<dyn DynBucketStore>` is
+//! itself a `BucketStore` (each call then boxes one future).
+//!
+//! ```
+//! use std::sync::Arc;
+//! use burstgate::{BucketStore, DynBucketStore, MemoryStore};
+//!
+//! fn takes_any<S: BucketStore>(_: S) {}
+//!
+//! let store: Arc<dyn DynBucketStore> = Arc::new(MemoryStore::new());
+//! takes_any(store);
+//! ```
+
+use std::error::Error as StdError;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use crate::bucket::Outcome;
+use crate::{BucketKey, Limit};
+
+mod memory;
+pub use memory::MemoryStore;
+
+#[cfg(feature = "redis")]
+mod redis;
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use self::redis::RedisStore;
+
+/// A place that keeps token buckets and decides on them atomically.
+///
+/// Every method names the bucket by a [`BucketKey`] and passes the [`Limit`] that governs it; the
+/// store keeps only the bucket's state (tokens available at a time), so a limit can change between
+/// deploys and the next call simply uses the new one. Time comes from the store's
+/// [`Clock`](crate::Clock).
+pub trait BucketStore: Send + Sync + 'static {
+    /// Takes `cost` tokens from the bucket.
+    ///
+    /// - Enough tokens now: admitted, [`Decision::wait`] is zero.
+    /// - Not enough, but they refill within `max_wait`: the tokens are taken now (the bucket goes
+    ///   into debt) and the caller is admitted after [`Decision::wait`]. Later callers queue
+    ///   behind it, so waiting callers are served in arrival order, each with one call and no
+    ///   retries. A caller that gives up must [`refund`](Self::refund) the cost.
+    /// - Otherwise: denied, nothing is taken, and [`Decision::retry_after`] says when the cost
+    ///   could be served.
+    ///
+    /// `max_wait` of zero is the plain decision. A `cost` of zero or above the limit's burst is
+    /// an error, never a wait: such a request could never be served.
+    fn acquire(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+        cost: u32,
+        max_wait: Duration,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send;
+
+    /// What the bucket holds now, without taking or writing anything.
+    fn peek(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+    ) -> impl Future<Output = Result<Quota, StoreError>> + Send;
+
+    /// Gives `cost` tokens back, for a reservation the caller abandoned. The bucket never goes
+    /// above its capacity.
+    fn refund(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+        cost: u32,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Empties the bucket until `until`: no tokens before it, refill from it. Debt from
+    /// reservations already made is kept. Used when the upstream answers 429 with a time to wait,
+    /// so that every worker sharing the bucket backs off.
+    fn drain_until(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+        until: SystemTime,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+}
+
+/// The outcome of [`BucketStore::acquire`]: everything a caller needs, from one store call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    admitted: bool,
+    wait: Duration,
+    remaining: u32,
+    reset_after: Duration,
+    limit: Limit,
+}
+
+impl Decision {
+    pub(crate) fn new(outcome: Outcome, limit: Limit) -> Self {
+        Self {
+            admitted: outcome.allowed,
+            wait: Duration::from_millis(outcome.wait),
+            // `remaining` never exceeds the burst, a `u32`.
+            remaining: u32::try_from(outcome.remaining).unwrap_or(u32::MAX),
+            reset_after: Duration::from_millis(outcome.reset),
+            limit,
+        }
+    }
+
+    /// Whether the request may go: now when [`wait`](Self::wait) is zero, otherwise after it.
+    pub fn is_admitted(&self) -> bool {
+        self.admitted
+    }
+
+    /// For an admitted request, how long to wait before sending it (zero unless it reserved
+    /// tokens that have not refilled yet). For a denied one, the same as
+    /// [`retry_after`](Self::retry_after).
+    pub fn wait(&self) -> Duration {
+        self.wait
+    }
+
+    /// For a denied request, how long until the same cost could be admitted (at least one
+    /// millisecond), if nobody else takes tokens meanwhile. `None` when admitted.
+    pub fn retry_after(&self) -> Option<Duration> {
+        (!self.admitted).then_some(self.wait)
+    }
+
+    /// Whole tokens left in the bucket after this decision.
+    pub fn remaining(&self) -> u32 {
+        self.remaining
+    }
+
+    /// How long until the bucket is full again if nobody takes tokens.
+    pub fn reset_after(&self) -> Duration {
+        self.reset_after
+    }
+
+    /// The limit the decision was made under.
+    pub fn limit(&self) -> Limit {
+        self.limit
+    }
+}
+
+/// The state of a bucket as [`BucketStore::peek`] sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quota {
+    capacity: u32,
+    remaining: u32,
+    next_token_in: Duration,
+    resets_in: Duration,
+}
+
+impl Quota {
+    pub(crate) fn new(outcome: Outcome, limit: Limit) -> Self {
+        let capacity = limit.burst();
+        Self {
+            capacity,
+            remaining: u32::try_from(outcome.remaining).unwrap_or(capacity),
+            next_token_in: Duration::from_millis(outcome.wait),
+            resets_in: Duration::from_millis(outcome.reset),
+        }
+    }
+
+    /// The bucket's capacity (the limit's burst).
+    pub fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    /// Whole tokens available now.
+    pub fn remaining(&self) -> u32 {
+        self.remaining
+    }
+
+    /// `capacity - remaining`.
+    pub fn used(&self) -> u32 {
+        self.capacity.saturating_sub(self.remaining)
+    }
+
+    /// How long until at least one whole token is available (zero when one is).
+    pub fn next_token_in(&self) -> Duration {
+        self.next_token_in
+    }
+
+    /// How long until the bucket is full (zero when it is).
+    pub fn resets_in(&self) -> Duration {
+        self.resets_in
+    }
+}
+
+/// Why a store could not decide.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// A cost of zero was asked for.
+    ZeroCost,
+    /// The cost is above the bucket's capacity, so it could never be served.
+    CostAboveCapacity {
+        /// The cost asked for.
+        cost: u32,
+        /// The limit's burst.
+        capacity: u32,
+    },
+    /// The store key holds a value that is not a bucket (Redis `WRONGTYPE`).
+    WrongType {
+        /// The full store key.
+        key: String,
+    },
+    /// The backend failed: connection lost, timed out, or answered something unexpected. The
+    /// backend's own error is the [`source`](StdError::source).
+    Backend(BackendError),
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::ZeroCost => f.write_str("a request must cost at least one token"),
+            Self::CostAboveCapacity { cost, capacity } => write!(
+                f,
+                "a cost of {cost} tokens can never be served by a bucket of {capacity}"
+            ),
+            Self::WrongType { key } => {
+                write!(f, "store key {key:?} holds a value that is not a bucket")
+            }
+            Self::Backend(e) => fmt::Display::fmt(e, f),
+        }
+    }
+}
+
+impl StdError for StoreError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        match self {
+            Self::Backend(e) => e.source(),
+            _ => None,
+        }
+    }
+}
+
+/// A failure of the store's backend. Opaque: its cause is the [`source`](StdError::source).
+pub struct BackendError {
+    context: &'static str,
+    source: Option<Box<dyn StdError + Send + Sync>>,
+}
+
+impl BackendError {
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn new(
+        context: &'static str,
+        source: Option<Box<dyn StdError + Send + Sync>>,
+    ) -> Self {
+        Self { context, source }
+    }
+}
+
+impl fmt::Debug for BackendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BackendError")
+            .field("context", &self.context)
+            .field("source", &self.source)
+            .finish()
+    }
+}
+
+impl fmt::Display for BackendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.context)
+    }
+}
+
+impl StdError for BackendError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn StdError + 'static))
+    }
+}
+
+/// Checks a cost against a limit before any store is asked.
+pub(crate) fn check_cost(limit: &Limit, cost: u32) -> Result<f64, StoreError> {
+    if cost == 0 {
+        return Err(StoreError::ZeroCost);
+    }
+    if cost > limit.burst() {
+        return Err(StoreError::CostAboveCapacity {
+            cost,
+            capacity: limit.burst(),
+        });
+    }
+    Ok(f64::from(cost))
+}
+
+/// A boxed future, as the object-safe [`DynBucketStore`] returns.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The object-safe twin of [`BucketStore`], for `Arc<dyn DynBucketStore>`.
+///
+/// Implemented for every `BucketStore`; `Arc<dyn DynBucketStore>` implements `BucketStore` in turn,
+/// so it fits anywhere a store is expected. Each call boxes one future.
+pub trait DynBucketStore: Send + Sync + 'static {
+    /// [`BucketStore::acquire`], boxed.
+    fn acquire_boxed<'a>(
+        &'a self,
+        key: &'a BucketKey,
+        limit: Limit,
+        cost: u32,
+        max_wait: Duration,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>>;
+
+    /// [`BucketStore::peek`], boxed.
+    fn peek_boxed<'a>(
+        &'a self,
+        key: &'a BucketKey,
+        limit: Limit,
+    ) -> BoxFuture<'a, Result<Quota, StoreError>>;
+
+    /// [`BucketStore::refund`], boxed.
+    fn refund_boxed<'a>(
+        &'a self,
+        key: &'a BucketKey,
+        limit: Limit,
+        cost: u32,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// [`BucketStore::drain_until`], boxed.
+    fn drain_until_boxed<'a>(
+        &'a self,
+        key: &'a BucketKey,
+        limit: Limit,
+        until: SystemTime,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
+}
+
+impl<S: BucketStore> DynBucketStore for S {
+    fn acquire_boxed<'a>(
+        &'a self,
+        key: &'a BucketKey,
+        limit: Limit,
+        cost: u32,
+        max_wait: Duration,
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+        Box::pin(self.acquire(key, limit, cost, max_wait))
+    }
+
+    fn peek_boxed<'a>(
+        &'a self,
+        key: &'a BucketKey,
+        limit: Limit,
+    ) -> BoxFuture<'a, Result<Quota, StoreError>> {
+        Box::pin(self.peek(key, limit))
+    }
+
+    fn refund_boxed<'a>(
+        &'a self,
+        key: &'a BucketKey,
+        limit: Limit,
+        cost: u32,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(self.refund(key, limit, cost))
+    }
+
+    fn drain_until_boxed<'a>(
+        &'a self,
+        key: &'a BucketKey,
+        limit: Limit,
+        until: SystemTime,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(self.drain_until(key, limit, until))
+    }
+}
+
+impl BucketStore for Arc<dyn DynBucketStore> {
+    fn acquire(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+        cost: u32,
+        max_wait: Duration,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        // `async` lets the future hold the two borrows with their own lifetimes.
+        async move { (**self).acquire_boxed(key, limit, cost, max_wait).await }
+    }
+
+    fn peek(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+    ) -> impl Future<Output = Result<Quota, StoreError>> + Send {
+        // `async` lets the future hold the two borrows with their own lifetimes.
+        async move { (**self).peek_boxed(key, limit).await }
+    }
+
+    fn refund(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+        cost: u32,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        // `async` lets the future hold the two borrows with their own lifetimes.
+        async move { (**self).refund_boxed(key, limit, cost).await }
+    }
+
+    fn drain_until(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+        until: SystemTime,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        // `async` lets the future hold the two borrows with their own lifetimes.
+        async move { (**self).drain_until_boxed(key, limit, until).await }
+    }
+}

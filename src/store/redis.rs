@@ -1,0 +1,276 @@
+//! The shared store, on Redis.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use redis::aio::ConnectionLike;
+
+use crate::bucket::Outcome;
+use crate::clock::{Clock, SystemClock, deadline_ms};
+use crate::store::{BackendError, BucketStore, Decision, Quota, StoreError, check_cost};
+use crate::{BucketKey, InvalidKey, Limit};
+
+/// The version of the stored format, part of every key: a future change of the stored type
+/// moves to new keys instead of meeting old values.
+const FORMAT: u32 = 1;
+
+const DEFAULT_PREFIX: &str = "burstgate";
+
+/// The script, shared by every store in the process: its SHA-1 is computed once.
+fn script() -> &'static redis::Script {
+    static SCRIPT: std::sync::OnceLock<redis::Script> = std::sync::OnceLock::new();
+    SCRIPT.get_or_init(|| redis::Script::new(include_str!("bucket.lua")))
+}
+
+/// Buckets in Redis, shared by every process that reaches it.
+///
+/// Each bucket is one hash, `{t, ts}` (tokens available at `ts`, milliseconds since the Unix
+/// epoch), read and written by one Lua script that mirrors the crate's reference arithmetic to the
+/// last bit. The script runs with `EVALSHA`; after a `NOSCRIPT` (a restart, a failover,
+/// `SCRIPT FLUSH`) it is loaded again and the call repeated, once. The time is the store's
+/// [`Clock`], passed to the script, never Redis's `TIME`.
+///
+/// # Keys
+///
+/// `<prefix>:v1:<bucket>:<key>`, with the prefix `burstgate` unless set with
+/// [`with_prefix`](Self::with_prefix), and the key escaped or hashed as [`BucketKey`] describes.
+/// The `v1` is the stored format's version. Every write sets an integer `PEXPIRE` of the time to
+/// refill the bucket to full plus one interval: an idle bucket expires, and the next call sees a
+/// full bucket, which is what it would have computed anyway. A key of another type under the
+/// prefix is reported as [`StoreError::WrongType`], naming the key.
+///
+/// # Connections
+///
+/// Any redis-rs async connection that is `Clone`: a
+/// [`MultiplexedConnection`](redis::aio::MultiplexedConnection), a reconnecting
+/// [`ConnectionManager`](redis::aio::ConnectionManager), or a Redis Cluster connection
+/// ([`ClusterConnection`](redis::cluster_async::ClusterConnection)). Each call runs on a clone, so
+/// many calls share one multiplexed connection concurrently. The script touches one key, so it
+/// needs no hash tags on a cluster.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use burstgate::{BucketKey, BucketStore, Limit, RedisStore};
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let client = redis::Client::open("redis://127.0.0.1/")?;
+/// let conn = client.get_multiplexed_async_connection().await?;
+/// let store = RedisStore::new(conn).with_prefix("myapp")?;
+///
+/// let limit = Limit::per_minute(1)?.with_burst(10)?;
+/// let key = BucketKey::hashed("orders", "seller-api-token")?;
+/// let decision = store.acquire(&key, limit, 1, Duration::ZERO).await?;
+/// println!("admitted: {}, {} left", decision.is_admitted(), decision.remaining());
+/// # Ok(())
+/// # }
+/// ```
+pub struct RedisStore<C, K = SystemClock> {
+    conn: C,
+    clock: K,
+    prefix: Arc<str>,
+}
+
+impl<C> RedisStore<C, SystemClock>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// A store on `conn`, with the default prefix and the system clock.
+    pub fn new(conn: C) -> Self {
+        Self {
+            conn,
+            clock: SystemClock,
+            prefix: Arc::from(DEFAULT_PREFIX),
+        }
+    }
+}
+
+impl<C, K> RedisStore<C, K>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+    K: Clock,
+{
+    /// Puts every key under `prefix` instead of `burstgate`. The prefix follows the rule for
+    /// bucket names: 1 to 64 ASCII letters, digits, `_`, `.` or `-`.
+    pub fn with_prefix(self, prefix: &str) -> Result<Self, InvalidKey> {
+        // A prefix has the same shape as a bucket name; reuse its check.
+        BucketKey::new(prefix, "-")?;
+        Ok(Self {
+            prefix: Arc::from(prefix),
+            ..self
+        })
+    }
+
+    /// Reads the time from `clock` instead of the system clock.
+    #[must_use]
+    pub fn with_clock<K2: Clock>(self, clock: K2) -> RedisStore<C, K2> {
+        RedisStore {
+            conn: self.conn,
+            clock,
+            prefix: self.prefix,
+        }
+    }
+
+    /// The full Redis key of a bucket.
+    pub fn redis_key(&self, key: &BucketKey) -> String {
+        format!("{}:v{FORMAT}:{}", self.prefix, key.as_str())
+    }
+
+    async fn run(&self, key: &BucketKey, args: Args) -> Result<Outcome, StoreError> {
+        let redis_key = self.redis_key(key);
+        let now = self.clock.now_ms();
+        let mut invocation = script().key(&redis_key);
+        invocation
+            .arg(args.op)
+            .arg(now)
+            .arg(args.limit.tokens())
+            .arg(args.limit.interval_ms())
+            .arg(args.limit.burst())
+            .arg(args.x);
+        if let Some(max_wait) = args.max_wait {
+            invocation.arg(max_wait);
+        }
+        let mut conn = self.conn.clone();
+        let reply: Vec<i64> = invocation
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| map_error(e, redis_key))?;
+        outcome(&reply)
+    }
+}
+
+struct Args {
+    op: &'static str,
+    limit: Limit,
+    x: u64,
+    max_wait: Option<u64>,
+}
+
+fn outcome(reply: &[i64]) -> Result<Outcome, StoreError> {
+    let whole = |i: usize| reply.get(i).and_then(|&v| u64::try_from(v).ok());
+    match (reply.len(), whole(0), whole(1), whole(2), whole(3)) {
+        (4, Some(allowed), Some(wait), Some(remaining), Some(reset)) if allowed <= 1 => {
+            Ok(Outcome {
+                allowed: allowed == 1,
+                wait,
+                remaining,
+                reset,
+            })
+        }
+        _ => Err(StoreError::Backend(BackendError::new(
+            "the bucket script answered something other than four whole numbers",
+            None,
+        ))),
+    }
+}
+
+fn map_error(e: redis::RedisError, key: String) -> StoreError {
+    if e.code() == Some("WRONGTYPE") {
+        StoreError::WrongType { key }
+    } else {
+        StoreError::Backend(BackendError::new("redis call failed", Some(Box::new(e))))
+    }
+}
+
+impl<C, K> BucketStore for RedisStore<C, K>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+    K: Clock,
+{
+    fn acquire(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+        cost: u32,
+        max_wait: Duration,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        async move {
+            check_cost(&limit, cost)?;
+            let max_wait = u64::try_from(max_wait.as_millis()).unwrap_or(u64::MAX);
+            let args = Args {
+                op: "a",
+                limit,
+                x: u64::from(cost),
+                max_wait: Some(max_wait),
+            };
+            Ok(Decision::new(self.run(key, args).await?, limit))
+        }
+    }
+
+    fn peek(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+    ) -> impl Future<Output = Result<Quota, StoreError>> + Send {
+        async move {
+            let args = Args {
+                op: "p",
+                limit,
+                x: 0,
+                max_wait: None,
+            };
+            Ok(Quota::new(self.run(key, args).await?, limit))
+        }
+    }
+
+    fn refund(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+        cost: u32,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        async move {
+            check_cost(&limit, cost)?;
+            let args = Args {
+                op: "r",
+                limit,
+                x: u64::from(cost),
+                max_wait: None,
+            };
+            self.run(key, args).await.map(drop)
+        }
+    }
+
+    fn drain_until(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+        until: SystemTime,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        async move {
+            let args = Args {
+                op: "d",
+                limit,
+                x: deadline_ms(until),
+                max_wait: None,
+            };
+            self.run(key, args).await.map(drop)
+        }
+    }
+}
+
+impl<C: Clone, K: Clone> Clone for RedisStore<C, K> {
+    fn clone(&self) -> Self {
+        Self {
+            conn: self.conn.clone(),
+            clock: self.clock.clone(),
+            prefix: Arc::clone(&self.prefix),
+        }
+    }
+}
+
+impl<C, K: fmt::Debug> fmt::Debug for RedisStore<C, K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The connection is left out: its type says nothing useful, and its address may carry a
+        // password.
+        f.debug_struct("RedisStore")
+            .field("prefix", &self.prefix)
+            .field("format", &FORMAT)
+            .field("clock", &self.clock)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod differential;
