@@ -65,6 +65,19 @@ pub(crate) struct Write {
     pub(crate) ttl: u64,
 }
 
+impl Write {
+    /// What the script answers for a refund or a drain that wrote `self` at `now`.
+    #[cfg(test)]
+    pub(crate) fn outcome(&self, now: u64) -> Outcome {
+        Outcome {
+            allowed: true,
+            wait: 0,
+            remaining: whole_tokens(self.state.t),
+            reset: whole(self.full - time(now)),
+        }
+    }
+}
+
 /// Lua's `math.min(a, b)`: `b` only when strictly smaller.
 fn min(a: f64, b: f64) -> f64 {
     if b < a { b } else { a }

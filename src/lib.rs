@@ -1,4 +1,208 @@
-#![doc = "Crate docs are written below."]
+//! Token-bucket rate limiting with burst, shared across processes through Redis or kept in
+//! memory.
+//!
+//! A [`Limit`] says how fast requests may go ("1 per minute, burst 10"), a [`BucketKey`] says
+//! whose budget a request spends, and a [`BucketStore`] decides, atomically, whether it may go
+//! now, after a wait, or not yet:
+//!
+//! ```
+//! use std::time::Duration;
+//! use burstgate::{BucketKey, BucketStore, Limit, ManualClock, MemoryStore};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // A clock that moves only when told to, so the outcome is exact.
+//! let clock = ManualClock::new(0);
+//! let store = MemoryStore::with_clock(clock.clone());
+//!
+//! // "1 request per minute, burst 10", per seller account.
+//! let orders = Limit::per_minute(1)?.with_burst(10)?;
+//! let seller = BucketKey::new("orders", "seller-42")?;
+//!
+//! // A full bucket lets ten requests go at once...
+//! for _ in 0..10 {
+//!     let decision = store.acquire(&seller, orders, 1, Duration::ZERO).await?;
+//!     assert!(decision.is_admitted());
+//! }
+//!
+//! // ...the eleventh is told to come back when the next token has refilled...
+//! let eleventh = store.acquire(&seller, orders, 1, Duration::ZERO).await?;
+//! assert!(!eleventh.is_admitted());
+//! assert_eq!(eleventh.retry_after(), Some(Duration::from_secs(60)));
+//!
+//! // ...and a minute later it goes.
+//! clock.advance(Duration::from_secs(60));
+//! let retried = store.acquire(&seller, orders, 1, Duration::ZERO).await?;
+//! assert!(retried.is_admitted());
+//! assert_eq!(retried.remaining(), 0);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # What it is for
+//!
+//! Calling a third-party API that limits each account per endpoint, with a burst allowance, from
+//! many workers in many processes at once; and protecting a service's own endpoints. A
+//! fixed-window counter (`INCR` + `PEXPIRE`) gets both wrong: it ignores the burst, so the first
+//! ten pages of a "1 per minute, burst 10" endpoint go out one per window instead of at once, and
+//! it lets twice the limit through across a window boundary, which earns real 429s on endpoints
+//! without a burst. A token bucket has neither defect, and a bucket kept in Redis is one budget
+//! for every worker that reaches that Redis.
+//!
+//! # Limits
+//!
+//! A [`Limit`] is `tokens` per `interval` with a bucket of `burst` tokens (by default `burst ==
+//! tokens`). The bucket starts full, admits `burst` requests at once, and refills continuously
+//! at `tokens / interval`. Build one with [`Limit::per_second`], [`Limit::per_minute`],
+//! [`Limit::per_hour`] or [`Limit::new`], and set the burst with [`Limit::with_burst`];
+//! [`Limit::published`] takes the three columns an API's documentation usually prints (period,
+//! limit, burst). Every constructor validates its input and returns [`InvalidLimit`] for zero
+//! tokens, a zero burst, an interval that is zero or not a whole number of milliseconds, or a
+//! limit so slow its arithmetic would lose precision, so nothing can go wrong at request time.
+//!
+//! A request may cost more than one token. A cost of zero, or above the burst, could never be
+//! served, so the store answers it at once with [`StoreError::ZeroCost`] or
+//! [`StoreError::CostAboveCapacity`] instead of a wait.
+//!
+//! # Stores
+//!
+//! Every decision is made by a [`BucketStore`]. Two ship with the crate, and they decide
+//! identically:
+//!
+//! - [`MemoryStore`] keeps the buckets in this process. It is the store for a single process and
+//!   for unit tests. It forgets buckets that have refilled to full, since a missing bucket is a
+//!   full one.
+//! - [`RedisStore`] (feature `redis`) keeps them in Redis, so every process that reaches the same
+//!   Redis spends the same budget. It works on a `MultiplexedConnection`, a reconnecting
+//!   `ConnectionManager` or a Redis Cluster connection. Each bucket is one hash, `{t, ts}`, under
+//!   the key `<prefix>:v1:<bucket>:<key>` (prefix `burstgate` by default, `v1` the version of the
+//!   stored format), read and written by one Lua script. Every write sets the key's TTL to the
+//!   time the bucket needs to refill to full, plus one interval; an idle bucket simply expires,
+//!   and the next request sees a full bucket, which is what it would have computed anyway.
+//!
+//! The key part of a [`BucketKey`] is percent-escaped, so it cannot break out of the namespace or
+//! collide with another, and hashed when long; [`BucketKey::hashed`] always hashes, for secrets
+//! such as API tokens, which then never reach Redis or a log in clear.
+//!
+//! Code generic over `S: BucketStore` calls the store without boxing. Where one type must hold
+//! any store, use `Arc<dyn DynBucketStore>`: [`DynBucketStore`] is implemented for every store,
+//! and `Arc<dyn DynBucketStore>` is itself a `BucketStore`.
+//!
+//! # Reservations
+//!
+//! [`BucketStore::acquire`] takes a `max_wait`. With `Duration::ZERO` it is the plain decision:
+//! admitted now, or denied with [`Decision::retry_after`]. With a longer `max_wait`, a request
+//! whose tokens refill within it is admitted *after a wait*: the store takes the tokens now,
+//! letting the bucket go into debt, and answers with [`Decision::wait`]. The caller sleeps that
+//! long and sends. Callers that wait are served in the order they asked, each with one store
+//! call and no retry loop. A request that would have to wait longer than `max_wait` is denied and
+//! takes nothing. [`Limit::default_max_wait`] is two token periods per unit of cost: two minutes
+//! for a "1 per minute" endpoint.
+//!
+//! A caller that gives up on its reservation hands the tokens back with
+//! [`BucketStore::refund`]. When the upstream answers 429 anyway, [`BucketStore::drain_until`]
+//! empties the shared bucket until the time it names, so every worker backs off, not only the
+//! one that was told. Refill starts at that time, so the first new token arrives one token period
+//! after it.
+//!
+//! ```
+//! use std::time::Duration;
+//! use burstgate::{BucketKey, BucketStore, Clock, Limit, ManualClock, MemoryStore};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let clock = ManualClock::new(0);
+//! let store = MemoryStore::with_clock(clock.clone());
+//! let sales = Limit::per_minute(1)?; // no burst
+//! let key = BucketKey::new("sales", "seller-42")?;
+//! let max_wait = sales.default_max_wait(1);
+//! assert_eq!(max_wait, Duration::from_secs(120));
+//!
+//! // The first goes now, the next two are admitted after one and two minutes.
+//! for expected in [0, 60, 120] {
+//!     let decision = store.acquire(&key, sales, 1, max_wait).await?;
+//!     assert!(decision.is_admitted());
+//!     assert_eq!(decision.wait(), Duration::from_secs(expected));
+//! }
+//!
+//! // A fourth would wait three minutes, more than it may: denied, nothing taken.
+//! let fourth = store.acquire(&key, sales, 1, max_wait).await?;
+//! assert_eq!(fourth.retry_after(), Some(Duration::from_secs(180)));
+//!
+//! // The third caller gives up, and its token goes back to the queue.
+//! store.refund(&key, sales, 1).await?;
+//! let fourth = store.acquire(&key, sales, 1, max_wait).await?;
+//! assert_eq!(fourth.wait(), Duration::from_secs(120));
+//!
+//! // Another account's bucket is hit by an upstream 429 with `Retry-After: 30`.
+//! let other = BucketKey::new("sales", "seller-7")?;
+//! store.drain_until(&other, sales, clock.now() + Duration::from_secs(30)).await?;
+//! let quota = store.peek(&other, sales).await?;
+//! assert_eq!(quota.remaining(), 0);
+//! assert_eq!(quota.next_token_in(), Duration::from_secs(30 + 60));
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Clocks
+//!
+//! Stores take the time from a [`Clock`], never from Redis, so tests can be exact and the script
+//! stays safe to replicate. Buckets shared across hosts compare times written by different
+//! processes, so every clock counts wall time from the Unix epoch.
+//!
+//! - [`SystemClock`], the default: the machine's wall clock.
+//! - [`ManualClock`]: moves only when told to; clones share one time. For unit tests.
+//! - [`TokioClock`]: wall time that advances with tokio's clock, so tests that wait can run
+//!   under `#[tokio::test(start_paused = true)]` and take no real time. Create it inside the
+//!   runtime.
+//!
+//! ```
+//! use std::time::Duration;
+//! use burstgate::{BucketKey, BucketStore, Limit, MemoryStore, TokioClock};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // In a `#[tokio::test(start_paused = true)]`:
+//! let store = MemoryStore::with_clock(TokioClock::starting_at(0));
+//! let limit = Limit::per_minute(1)?;
+//! let key = BucketKey::new("sales", "seller-42")?;
+//!
+//! store.acquire(&key, limit, 1, Duration::ZERO).await?;
+//! let reserved = store.acquire(&key, limit, 1, Duration::from_secs(60)).await?;
+//! tokio::time::sleep(reserved.wait()).await; // returns at once: time is paused
+//! assert_eq!(store.peek(&key, limit).await?.next_token_in(), Duration::from_secs(60));
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Feature flags
+//!
+//! | Feature   | Default | What it enables |
+//! |-----------|---------|-----------------|
+//! | `redis`   | yes     | [`RedisStore`], on redis-rs with tokio. |
+//! | `tower`   | no      | Reserved for the tower `RateLimitLayer`, which lands in a later release. Today it only pulls in its dependencies and adds no API. |
+//! | `reqwest` | no      | Reserved for the reqwest `RateLimitMiddleware`, which lands in a later release. Today it only pulls in its dependencies and adds no API. |
+//!
+//! Without any feature, the crate is [`MemoryStore`] and the types around it.
+//!
+//! # When the store fails
+//!
+//! A failed Redis call (connection lost, timeout, an unexpected reply) is returned as
+//! [`StoreError::Backend`], with the redis-rs error as its [`source`](std::error::Error::source);
+//! a key of the wrong type under the prefix is [`StoreError::WrongType`], naming the key. The
+//! caller decides what to do. Configurable outage policies (fail open, fail closed, fall back to
+//! a local bucket) come in a later release.
+//!
+//! # Arithmetic and units
+//!
+//! Time is whole milliseconds since the Unix epoch; tokens are `f64`. One pure Rust function is
+//! the reference, and the Redis script mirrors it operation for operation, so both stores reach
+//! the same decisions, the same waits and the same stored state to the last bit. To keep every
+//! time exact in an `f64`, times are clamped to 2^53 − 1 ms (about 285,000 years after 1970),
+//! `max_wait` is clamped to 2^44 ms (about 557 years), and a [`Limit`]'s interval and refill time
+//! are each at most 2^42 ms. A clock behind the stored time refills nothing, and the stored time
+//! never moves backwards, so clock skew between workers can cost throughput but can let at most
+//! `min(burst, skew × rate)` extra tokens through, once.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod bucket;
@@ -16,3 +220,7 @@ pub use store::RedisStore;
 pub use store::{
     BackendError, BoxFuture, BucketStore, Decision, DynBucketStore, MemoryStore, Quota, StoreError,
 };
+
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -2,8 +2,8 @@
 -- change both, and the differential test will tell if they still agree to the last bit.
 --
 -- KEYS[1]  the bucket: a hash {t = tokens at ts, ts = milliseconds since the Unix epoch}
--- ARGV     op ('a' acquire, 'p' peek, 'r' refund, 'd' drain), now, tokens, interval (ms),
---          capacity, x (cost for 'a' and 'r', until for 'd'), max_wait (ms, 'a' only)
+-- ARGV     op (1 acquire, 2 peek, 3 refund, 4 drain), now, tokens, interval (ms), capacity,
+--          x (cost for acquire and refund, until for drain), max_wait (ms, acquire only)
 -- Returns  {allowed, wait, remaining, reset}, whole numbers (Redis truncates Lua numbers).
 --
 -- Floats are stored with '%.17g', which round-trips a double exactly; Lua's own tostring keeps
@@ -64,11 +64,12 @@ local ts2 = max(ts, now)
 local function write(t2, ts3)
   local full = ready_at(t2, ts3, capacity)
   redis.call('HSET', key, 't', string.format('%.17g', t2), 'ts', string.format('%.17g', ts3))
-  redis.call('PEXPIRE', key, full - now + interval)
+  -- '%d': a bare Lua number may reach Redis in exponent form, which PEXPIRE refuses.
+  redis.call('PEXPIRE', key, string.format('%d', full - now + interval))
   return full
 end
 
-if op == 'a' then
+if op == '1' then
   local max_wait = tonumber(ARGV[7])
   if max_wait > MAX_WAIT then max_wait = MAX_WAIT end
   local wait = 0
@@ -81,17 +82,17 @@ if op == 'a' then
     return {1, wait, math.floor(max(0, t2)), full - now}
   end
   return {0, wait, math.floor(max(0, avail)), ready_at(t, ts, capacity) - now}
-elseif op == 'p' then
+elseif op == '2' then
   return {avail >= 1 and 1 or 0, max(0, ready_at(t, ts, 1) - now), math.floor(max(0, avail)),
     max(0, ready_at(t, ts, capacity) - now)}
-elseif op == 'r' then
+elseif op == '3' then
   local t2 = min(capacity, avail + x)
   local full = write(t2, ts2)
   return {1, 0, math.floor(max(0, t2)), full - now}
-elseif op == 'd' then
+elseif op == '4' then
   if x > MAX_TIME then x = MAX_TIME end
   local t2 = min(avail, 0)
   local full = write(t2, max(ts2, x))
-  return {1, 0, 0, full - now}
+  return {1, 0, math.floor(max(0, t2)), full - now}
 end
 return redis.error_reply('burstgate: unknown operation')

@@ -118,33 +118,67 @@ where
     }
 
     async fn run(&self, key: &BucketKey, args: Args) -> Result<Outcome, StoreError> {
-        let redis_key = self.redis_key(key);
-        let now = self.clock.now_ms();
-        let mut invocation = script().key(&redis_key);
-        invocation
-            .arg(args.op)
-            .arg(now)
-            .arg(args.limit.tokens())
-            .arg(args.limit.interval_ms())
-            .arg(args.limit.burst())
-            .arg(args.x);
-        if let Some(max_wait) = args.max_wait {
-            invocation.arg(max_wait);
-        }
         let mut conn = self.conn.clone();
-        let reply: Vec<i64> = invocation
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| map_error(e, redis_key))?;
-        outcome(&reply)
+        invoke(
+            script(),
+            &mut conn,
+            self.redis_key(key),
+            self.clock.now_ms(),
+            &args,
+        )
+        .await
     }
 }
 
+/// Runs `script` for one bucket. The store and the differential test share this, so the test
+/// encodes arguments exactly as the store does.
+async fn invoke(
+    script: &redis::Script,
+    conn: &mut impl ConnectionLike,
+    redis_key: String,
+    now: u64,
+    args: &Args,
+) -> Result<Outcome, StoreError> {
+    let mut invocation = script.key(&redis_key);
+    invocation.arg(&args.values(now)[..]);
+    let reply: Vec<i64> = invocation
+        .invoke_async(conn)
+        .await
+        .map_err(|e| map_error(e, redis_key))?;
+    outcome(&reply)
+}
+
+/// One call's arguments, in the script's terms.
 struct Args {
-    op: &'static str,
+    op: Op,
     limit: Limit,
+    /// The cost for acquire and refund, the deadline for drain.
     x: u64,
-    max_wait: Option<u64>,
+    max_wait: u64,
+}
+
+/// The script's operations, by the number it expects in `ARGV[1]`.
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    Acquire = 1,
+    Peek = 2,
+    Refund = 3,
+    Drain = 4,
+}
+
+impl Args {
+    /// `ARGV` as the script reads it.
+    fn values(&self, now: u64) -> [u64; 7] {
+        [
+            self.op as u64,
+            now,
+            u64::from(self.limit.tokens()),
+            self.limit.interval_ms(),
+            u64::from(self.limit.burst()),
+            self.x,
+            self.max_wait,
+        ]
+    }
 }
 
 fn outcome(reply: &[i64]) -> Result<Outcome, StoreError> {
@@ -189,10 +223,10 @@ where
             check_cost(&limit, cost)?;
             let max_wait = u64::try_from(max_wait.as_millis()).unwrap_or(u64::MAX);
             let args = Args {
-                op: "a",
+                op: Op::Acquire,
                 limit,
                 x: u64::from(cost),
-                max_wait: Some(max_wait),
+                max_wait,
             };
             Ok(Decision::new(self.run(key, args).await?, limit))
         }
@@ -205,10 +239,10 @@ where
     ) -> impl Future<Output = Result<Quota, StoreError>> + Send {
         async move {
             let args = Args {
-                op: "p",
+                op: Op::Peek,
                 limit,
                 x: 0,
-                max_wait: None,
+                max_wait: 0,
             };
             Ok(Quota::new(self.run(key, args).await?, limit))
         }
@@ -223,10 +257,10 @@ where
         async move {
             check_cost(&limit, cost)?;
             let args = Args {
-                op: "r",
+                op: Op::Refund,
                 limit,
                 x: u64::from(cost),
-                max_wait: None,
+                max_wait: 0,
             };
             self.run(key, args).await.map(drop)
         }
@@ -240,10 +274,10 @@ where
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         async move {
             let args = Args {
-                op: "d",
+                op: Op::Drain,
                 limit,
                 x: deadline_ms(until),
-                max_wait: None,
+                max_wait: 0,
             };
             self.run(key, args).await.map(drop)
         }

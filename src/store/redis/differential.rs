@@ -1,1 +1,320 @@
+//! The Lua script against the reference arithmetic, on a real Redis, bit for bit.
+//!
+//! Random traces (limits, times with skew, costs, reservations, refunds, drains) run through
+//! `bucket.rs` and through the script. After every step the two must give the same answer, the
+//! same stored state to the last bit of each `f64`, and the same TTL; a step that must not write
+//! must leave the key untouched. The mutation test then edits single arithmetic lines of the
+//! script and checks that the same traces catch every edit.
 
+use std::fmt::Write as _;
+
+use redis::aio::MultiplexedConnection;
+
+use super::{Args, Op, script};
+use crate::Limit;
+use crate::bucket::{self, MAX_TIME, Outcome, State};
+
+#[path = "../../../tests/support/redis_server.rs"]
+mod redis_server;
+
+/// SplitMix64: tiny, seedable, and the same everywhere, so a failing seed replays exactly.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        if n == 0 { 0 } else { self.next() % n }
+    }
+
+    fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
+        xs[self.below(xs.len() as u64) as usize]
+    }
+}
+
+fn random_limit(rng: &mut Rng) -> Limit {
+    loop {
+        let tokens = match rng.below(4) {
+            0 => rng.pick(&[1, 2, 3, 7, 10, 100, 1000]),
+            1 => 1,
+            2 => 1 + rng.below(50) as u32,
+            _ => {
+                let r = 1 + rng.below(1 << 20) as u32;
+                rng.pick(&[u32::MAX, 999_983, r])
+            }
+        };
+        let interval = match rng.below(4) {
+            0 => rng.pick(&[1, 3, 7, 1000, 60_000, 3_600_000, 86_400_000]),
+            1 => 1 + rng.below(10_000),
+            2 => 1 + rng.below(10_000_000),
+            _ => rng.pick(&[1 << 42, 1_000_003, 333]),
+        };
+        let burst = match rng.below(4) {
+            0 => rng.pick(&[1, 2, 3, 5, 10, 100]),
+            1 => tokens,
+            2 => 1 + rng.below(1000) as u32,
+            _ => {
+                let r = 1 + rng.below(u64::from(u32::MAX)) as u32;
+                rng.pick(&[u32::MAX, 1 << 20, r])
+            }
+        };
+        let limit = Limit::new(tokens, std::time::Duration::from_millis(interval))
+            .and_then(|l| l.with_burst(burst));
+        if let Ok(limit) = limit {
+            return limit;
+        }
+    }
+}
+
+/// One trace: runs `steps` random operations through the reference and through `lua` (the
+/// script's source) on key `key`, and describes the first disagreement.
+async fn trace(
+    conn: &mut MultiplexedConnection,
+    lua: &redis::Script,
+    key: &str,
+    seed: u64,
+) -> Result<(), String> {
+    let mut rng = Rng(seed);
+    let limit = random_limit(&mut rng);
+    let p = limit.params();
+    let per_token = (limit.interval_ms() / u64::from(limit.tokens())).max(1);
+    // At most 2^42 + 1 by construction.
+    let refill_ms = limit.refill_time().as_millis() as u64;
+    let mut state: Option<State> = None;
+    let mut now: u64 = match rng.below(8) {
+        0 => rng.below(10_000),
+        1 => MAX_TIME - rng.below(1_000_000),
+        2 => u64::MAX - rng.below(1000),
+        _ => 1_700_000_000_000 + rng.below(10_000_000_000),
+    };
+    let _: () = redis::cmd("DEL")
+        .arg(key)
+        .query_async(conn)
+        .await
+        .map_err(|e| e.to_string())?;
+    let steps = 1 + rng.below(40);
+    let mut log = format!("seed {seed}, limit {limit:?}\n");
+    for step in 0..steps {
+        // The reference's own answers steer the trace to the edges: exact waits, one before.
+        let plain = |now: u64, cost: f64| bucket::evaluate(&p, state, now, cost, 0).0.wait;
+        now = match rng.below(12) {
+            0 => now,
+            1 => now.saturating_add(1),
+            2 => now.saturating_add(rng.below(limit.interval_ms() + 1)),
+            3 => now.saturating_add(plain(now, 1.0)),
+            4 => now.saturating_add(plain(now, 1.0).saturating_sub(1)),
+            5 => now.saturating_sub(rng.below(2 * limit.interval_ms() + 2)),
+            6 => now.saturating_add(rng.below(3 * refill_ms + 1)),
+            7 => rng.below(u64::MAX),
+            _ => now.saturating_add(rng.below(2 * per_token + 1)),
+        };
+        let burst = u64::from(limit.burst());
+        let cost = match rng.below(4) {
+            0 => burst,
+            1 => 1 + rng.below(burst),
+            _ => 1 + rng.below(burst.min(3)),
+        };
+        let cost_f = cost as f64;
+        let (op, x, max_wait) = match rng.below(10) {
+            0..=3 => (Op::Acquire, cost, 0),
+            4 => (Op::Peek, 0, 0),
+            5 => (Op::Refund, cost, 0),
+            6 => {
+                let until = match rng.below(3) {
+                    0 => now.saturating_sub(rng.below(1000)),
+                    1 => now.saturating_add(rng.below(10 * limit.interval_ms() + 1)),
+                    _ => rng.below(u64::MAX),
+                };
+                (Op::Drain, until, 0)
+            }
+            _ => {
+                let w = plain(now, cost_f);
+                let max_wait = match rng.below(6) {
+                    0 => w.saturating_sub(1),
+                    1 => w,
+                    2 => w.saturating_add(1),
+                    3 => u64::MAX,
+                    4 => bucket::MAX_WAIT + rng.below(3),
+                    _ => rng.below(w.saturating_mul(2) + 1),
+                };
+                (Op::Acquire, cost, max_wait)
+            }
+        };
+        let (expected, write) = match op {
+            Op::Acquire => bucket::evaluate(&p, state, now, cost_f, max_wait),
+            Op::Peek => (bucket::peek(&p, state, now), None),
+            Op::Refund => {
+                let w = bucket::refund(&p, state, now, cost_f);
+                (w.outcome(now), Some(w))
+            }
+            Op::Drain => {
+                let w = bucket::drain_until(&p, state, now, x);
+                (w.outcome(now), Some(w))
+            }
+        };
+        if let Some(w) = write {
+            state = Some(w.state);
+        }
+        let args = Args {
+            op,
+            limit,
+            x,
+            max_wait,
+        };
+        let _ = writeln!(log, "  step {step}: {op:?} now={now} x={x} max_wait={max_wait}");
+        // One transaction, so the key cannot expire between the script and the reads, and the
+        // TTL is read at the time the script set it.
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .cmd("EVALSHA")
+            .arg(lua.get_hash())
+            .arg(1)
+            .arg(key)
+            .arg(&args.values(now)[..])
+            .cmd("HMGET")
+            .arg(key)
+            .arg("t")
+            .arg("ts")
+            .cmd("PTTL")
+            .arg(key)
+            .cmd("PERSIST")
+            .arg(key);
+        type Reply = (Vec<i64>, (Option<String>, Option<String>), i64, i64);
+        let (reply, (t, ts), pttl, _): Reply = pipe
+            .query_async(conn)
+            .await
+            .map_err(|e| format!("{log}  redis: {e}"))?;
+        let got = super::outcome(&reply).map_err(|e| format!("{log}  reply: {e}"))?;
+        if got != expected {
+            return Err(format!("{log}  outcome: reference {expected:?}, lua {got:?}"));
+        }
+        let stored = match (t, ts) {
+            (None, None) => None,
+            (Some(t), Some(ts)) => match (t.parse::<f64>(), ts.parse::<f64>()) {
+                (Ok(t), Ok(ts)) => Some(State { t, ts }),
+                _ => return Err(format!("{log}  unparsable state {t:?} {ts:?}")),
+            },
+            other => return Err(format!("{log}  half a state {other:?}")),
+        };
+        let same = match (state, stored) {
+            (None, None) => true,
+            (Some(a), Some(b)) => a.t.to_bits() == b.t.to_bits() && a.ts.to_bits() == b.ts.to_bits(),
+            _ => false,
+        };
+        if !same {
+            return Err(format!("{log}  state: reference {state:?}, lua {stored:?}"));
+        }
+        match write {
+            // PEXPIRE and PTTL each read Redis's clock; inside one transaction at most a
+            // millisecond tick or two falls between them.
+            Some(w) if !(w.ttl as i64 - 2..=w.ttl as i64).contains(&pttl) => {
+                return Err(format!("{log}  ttl: reference {}, lua {pttl}", w.ttl));
+            }
+            // Every earlier write was made persistent: a TTL now means this step wrote.
+            None if pttl >= 0 => {
+                return Err(format!("{log}  a step that must not write set a ttl of {pttl}"));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+async fn connect() -> MultiplexedConnection {
+    let url = redis_server::url();
+    let client = redis::Client::open(url.as_str()).expect("a valid Redis URL");
+    client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("a connection to the test Redis")
+}
+
+async fn load(conn: &mut MultiplexedConnection, source: &str) -> redis::Script {
+    let lua = redis::Script::new(source);
+    let _: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(source)
+        .query_async(conn)
+        .await
+        .expect("the script loads");
+    lua
+}
+
+fn traces() -> u64 {
+    std::env::var("BURSTGATE_DIFF_TRACES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2_000)
+}
+
+#[tokio::test]
+async fn lua_and_reference_agree_bit_for_bit() {
+    let mut conn = connect().await;
+    let lua = load(&mut conn, include_str!("../bucket.lua")).await;
+    assert_eq!(lua.get_hash(), script().get_hash(), "the store runs this same script");
+    let key = format!("{}:v1:diff:k", redis_server::unique_prefix());
+    for seed in 0..traces() {
+        if let Err(e) = trace(&mut conn, &lua, &key, seed).await {
+            panic!("the Lua script and bucket.rs disagree:\n{e}");
+        }
+    }
+}
+
+/// Single-line edits of the script's arithmetic, each of which the traces must catch.
+const MUTANTS: &[(&str, &str)] = &[
+    ("return e * tokens / interval", "return e * (tokens / interval)"),
+    ("while t + refill(e) < target do", "while t + refill(e) <= target do"),
+    ("while e > 0 and t + refill(e - 1) >= target do e = e - 1 end", ""),
+    ("if t >= target then return ts end", "if t >= target then return now end"),
+    ("local elapsed = max(0, now - ts)", "local elapsed = now - ts"),
+    ("local avail = min(capacity, t + refill(elapsed))", "local avail = t + refill(elapsed)"),
+    ("local ts2 = max(ts, now)", "local ts2 = now"),
+    ("string.format('%.17g', t2)", "tostring(t2)"),
+    ("string.format('%d', full - now + interval)", "string.format('%d', full - now)"),
+    ("if wait <= max_wait then", "if wait < max_wait then"),
+    ("if max_wait > MAX_WAIT then max_wait = MAX_WAIT end", ""),
+    ("if now > MAX_TIME then now = MAX_TIME end", ""),
+    ("return {1, wait, math.floor(max(0, t2)), full - now}", "return {1, wait, math.ceil(max(0, t2)), full - now}"),
+    ("return {0, wait, math.floor(max(0, avail)), ready_at(t, ts, capacity) - now}", "return {0, wait, math.floor(max(0, t)), ready_at(t, ts, capacity) - now}"),
+    ("    wait = ready_at(t, ts, x) - now", "    wait = ready_at(t, ts2, x) - now"),
+    ("local t2 = min(capacity, avail + x)", "local t2 = avail + x"),
+    ("local t2 = min(avail, 0)", "local t2 = 0"),
+    ("local full = write(t2, max(ts2, x))", "local full = write(t2, x)"),
+    ("if x > MAX_TIME then x = MAX_TIME end", ""),
+    ("max(0, ready_at(t, ts, 1) - now)", "max(0, ready_at(t, ts, 1) - now - 1)"),
+];
+
+#[tokio::test]
+async fn every_single_line_mutant_of_the_script_is_caught() {
+    let mut conn = connect().await;
+    let source = include_str!("../bucket.lua");
+    let key = format!("{}:v1:mutant:k", redis_server::unique_prefix());
+    let mut report = String::new();
+    for (from, to) in MUTANTS {
+        assert_eq!(source.matches(from).count(), 1, "mutant no longer applies: {from}");
+        let lua = load(&mut conn, &source.replacen(from, to, 1)).await;
+        let mut caught = None;
+        for seed in 0..traces() {
+            if trace(&mut conn, &lua, &key, seed).await.is_err() {
+                caught = Some(seed);
+                break;
+            }
+        }
+        match caught {
+            Some(seed) => {
+                let original = load(&mut conn, source).await;
+                let clean = trace(&mut conn, &original, &key, seed).await;
+                assert!(clean.is_ok(), "the unmutated script fails trace {seed}: {clean:?}");
+                let _ = writeln!(report, "caught at trace {seed:>4}: {from:?} -> {to:?}");
+            }
+            None => panic!("no trace told the mutant apart: {from:?} -> {to:?}"),
+        }
+    }
+    println!("{report}");
+}
