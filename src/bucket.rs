@@ -166,14 +166,20 @@ pub(crate) fn evaluate(
         max_wait as f64
     };
     let (s, avail, ts) = available(p, state, now);
-    let wait = if avail >= cost {
-        0.0
+    let (wait, over) = if avail >= cost {
+        (0.0, 0.0)
     } else {
         // Measured from the stored state, as a later call would measure it.
-        ready_at(p, s.t, s.ts, cost) - now
+        let ready = ready_at(p, s.t, s.ts, cost);
+        // A reservation is served at `ready`, a whole millisecond at or after the exact refill
+        // time. Whatever the bucket would hold above capacity by then is lost, as it would be
+        // for a request arriving at `ready`; without this, the rounding slack of one reservation
+        // would be credited to the next and two could go out less than cost/rate apart.
+        let over = max(0.0, s.t + refill(p, ready - s.ts) - p.capacity);
+        (ready - now, over)
     };
     if wait <= max_wait {
-        let w = write(p, avail - cost, ts, now);
+        let w = write(p, avail - cost - over, ts, now);
         let outcome = Outcome {
             allowed: true,
             wait: whole(wait),

@@ -1,1 +1,321 @@
+//! Properties of the reference arithmetic, on a manual clock (explicit `now`s).
+//!
+//! Failures are persisted by proptest in `proptest-regressions/bucket/tests.txt`, which is
+//! committed so every run replays them first.
+
+use std::time::Duration;
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::Limit;
+
+/// Any valid limit, weighted towards the shapes APIs publish but reaching the extremes.
+fn limit() -> impl Strategy<Value = Limit> {
+    let tokens = prop_oneof![4 => 1u32..=10, 2 => 1u32..=10_000, 1 => any::<u32>()];
+    let interval = prop_oneof![
+        4 => prop::sample::select(vec![1u64, 7, 100, 1000, 60_000, 3_600_000]),
+        2 => 1u64..=100_000,
+        1 => 1u64..=(1 << 42),
+    ];
+    let burst = prop_oneof![4 => 1u32..=20, 2 => 1u32..=10_000, 1 => any::<u32>()];
+    (tokens, interval, burst).prop_filter_map("a valid limit", |(t, i, b)| {
+        Limit::new(t.max(1), Duration::from_millis(i))
+            .and_then(|l| l.with_burst(b))
+            .ok()
+    })
+}
+
+/// A modest limit, so that traces stay readable and windows are many.
+fn small_limit() -> impl Strategy<Value = Limit> {
+    (1u32..=10, prop::sample::select(vec![1u64, 3, 10, 100, 1000, 60_000]), 1u32..=12)
+        .prop_filter_map("a valid limit", |(t, i, b)| {
+            Limit::new(t, Duration::from_millis(i))
+                .and_then(|l| l.with_burst(b))
+                .ok()
+        })
+}
+
+const START: u64 = 1_700_000_000_000;
+
+/// Admissions as (time admitted, cost).
+fn admitted_at_most_burst_plus_rate(limit: &Limit, admissions: &[(u64, u64)], extra: f64) {
+    let mut sorted = admissions.to_vec();
+    sorted.sort_unstable();
+    let rate = f64::from(limit.tokens()) / limit.interval_ms() as f64;
+    for (i, &(start, _)) in sorted.iter().enumerate() {
+        let mut taken = 0u64;
+        for &(at, cost) in &sorted[i..] {
+            taken += cost;
+            let window = (at - start) as f64;
+            let allowed = f64::from(limit.burst()) + rate * window + extra;
+            assert!(
+                taken as f64 <= allowed + 1e-6,
+                "{taken} tokens admitted within {window} ms under {limit}: more than {allowed}"
+            );
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn a_full_bucket_admits_exactly_burst_at_once(limit in limit(), now in START..START * 2) {
+        let p = limit.params();
+        let mut state = None;
+        // Bursts above a few thousand are covered by their first and last steps.
+        let burst = u64::from(limit.burst());
+        let (mut remaining, steps) = if burst > 5000 {
+            let (o, w) = evaluate(&p, state, now, (burst - 1) as f64, 0);
+            prop_assert!(o.allowed && o.wait == 0);
+            state = w.map(|w| w.state);
+            (1, 1)
+        } else {
+            (burst, burst)
+        };
+        for _ in 0..steps.min(remaining) {
+            let (o, w) = evaluate(&p, state, now, 1.0, 0);
+            prop_assert!(o.allowed && o.wait == 0, "{o:?}");
+            remaining -= 1;
+            prop_assert_eq!(o.remaining, remaining);
+            state = w.map(|w| w.state);
+        }
+        let (o, w) = evaluate(&p, state, now, 1.0, 0);
+        prop_assert!(!o.allowed && o.wait >= 1 && w.is_none(), "{o:?}");
+    }
+
+    #[test]
+    fn no_window_admits_more_than_burst_plus_rate(
+        limit in small_limit(),
+        steps in prop::collection::vec((0u64..200, 1u32..=3, prop::bool::weighted(0.3)), 1..200),
+    ) {
+        let p = limit.params();
+        let mut state = None;
+        let mut now = START;
+        let mut admissions = Vec::new();
+        for (dt, cost, reserve) in steps {
+            now += dt;
+            let cost = cost.min(limit.burst());
+            let max_wait = if reserve { 3 * limit.interval_ms() } else { 0 };
+            let (o, w) = evaluate(&p, state, now, f64::from(cost), max_wait);
+            if o.allowed {
+                admissions.push((now + o.wait, u64::from(cost)));
+            }
+            if let Some(w) = w {
+                state = Some(w.state);
+            }
+        }
+        admitted_at_most_burst_plus_rate(&limit, &admissions, 0.0);
+    }
+
+    #[test]
+    fn burst_one_never_admits_twice_within_a_refill_period(
+        tokens in 1u32..=5,
+        interval in prop::sample::select(vec![1u64, 7, 1000, 60_000]),
+        steps in prop::collection::vec((0u64..120_000, prop::bool::weighted(0.3)), 2..100),
+    ) {
+        let limit = Limit::new(tokens, Duration::from_millis(interval))
+            .and_then(|l| l.with_burst(1));
+        let Ok(limit) = limit else { return Err(TestCaseError::fail("valid limit")) };
+        let p = limit.params();
+        let mut state = None;
+        let mut now = START;
+        let mut admissions = Vec::new();
+        for (gap, reserve) in steps {
+            now += gap % (3 * interval);
+            let max_wait = if reserve { 2 * interval } else { 0 };
+            let (o, w) = evaluate(&p, state, now, 1.0, max_wait);
+            if o.allowed {
+                admissions.push(now + o.wait);
+            }
+            if let Some(w) = w {
+                state = Some(w.state);
+            }
+        }
+        admissions.sort_unstable();
+        for pair in admissions.windows(2) {
+            // One token needs interval / tokens ms; in whole numbers, no rounding.
+            prop_assert!(
+                u128::from(pair[1] - pair[0]) * u128::from(tokens) >= u128::from(interval),
+                "admitted at {} and again at {} under {limit}", pair[0], pair[1]
+            );
+        }
+    }
+
+    #[test]
+    fn the_returned_wait_is_exact(
+        limit in limit(),
+        history in prop::collection::vec((0u64..5_000, 1u32..=4), 0..20),
+        cost in 1u32..=4,
+        now in START..START * 2,
+    ) {
+        let p = limit.params();
+        let mut state = None;
+        let mut t = now;
+        for (dt, c) in history {
+            t += dt;
+            let (_, w) = evaluate(&p, state, t, f64::from(c.min(limit.burst())), 0);
+            if let Some(w) = w {
+                state = Some(w.state);
+            }
+        }
+        let cost = f64::from(cost.min(limit.burst()));
+        let (o, w) = evaluate(&p, state, t, cost, 0);
+        if !o.allowed {
+            prop_assert!(w.is_none() && o.wait >= 1);
+            let (before, _) = evaluate(&p, state, t + o.wait - 1, cost, 0);
+            let (at, _) = evaluate(&p, state, t + o.wait, cost, 0);
+            prop_assert!(!before.allowed, "admitted one ms before the wait: {before:?}");
+            prop_assert!(at.allowed && at.wait == 0, "not admitted after the wait: {at:?}");
+        }
+    }
+
+    #[test]
+    fn reservations_are_served_in_arrival_order_spaced_by_cost_over_rate(
+        limit in small_limit(),
+        callers in 1u64..30,
+        cost in 1u32..=3,
+    ) {
+        let p = limit.params();
+        let cost = cost.min(limit.burst());
+        let (tokens, interval) = (u64::from(limit.tokens()), limit.interval_ms());
+        // Where the schedule is not capped by the bucket: a reservation is served at a whole
+        // millisecond, and when that holds more than the bucket can, the excess is lost.
+        prop_assume!(
+            (cost < limit.burst() && tokens <= interval) || (u64::from(cost) * interval) % tokens == 0
+        );
+        // Empty the bucket, then queue callers arriving in the same millisecond.
+        let (_, w) = evaluate(&p, None, START, f64::from(limit.burst()), 0);
+        let mut state = w.map(|w| w.state);
+        let mut last_wait = 0;
+        for k in 1..=callers {
+            let (o, w) = evaluate(&p, state, START, f64::from(cost), u64::MAX);
+            prop_assert!(o.allowed);
+            state = w.map(|w| w.state);
+            // The k-th caller is served once k × cost tokens have refilled:
+            // ceil(k·cost·interval / tokens) ms, in whole numbers, with no rounding drift.
+            let due = (u128::from(k) * u128::from(cost) * u128::from(limit.interval_ms()))
+                .div_ceil(u128::from(limit.tokens()));
+            prop_assert_eq!(u128::from(o.wait), due);
+            prop_assert!(o.wait > last_wait, "served out of order");
+            last_wait = o.wait;
+        }
+    }
+
+    #[test]
+    fn skew_over_admits_at_most_once_by_skew_times_rate(
+        limit in small_limit(),
+        skew in 0u64..5_000,
+        steps in prop::collection::vec((0u64..300, prop::bool::ANY, prop::bool::ANY), 1..200),
+    ) {
+        let p = limit.params();
+        let mut state: Option<State> = None;
+        let mut true_now = START;
+        let mut admissions = Vec::new();
+        let mut last_ts = 0.0;
+        for (dt, behind, reserve) in steps {
+            true_now += dt;
+            // Two workers: one on true time, one whose clock is `skew` ahead or behind.
+            let now = if behind { true_now - skew } else { true_now + skew };
+            let max_wait = if reserve { limit.interval_ms() } else { 0 };
+            let (o, w) = evaluate(&p, state, now, 1.0, max_wait);
+            if o.allowed {
+                // When it goes out in true time: the worker waits `wait` on its own clock.
+                admissions.push((true_now + o.wait, 1));
+            }
+            if let Some(w) = w {
+                prop_assert!(w.state.ts >= last_ts, "stored time moved back");
+                last_ts = w.state.ts;
+                state = Some(w.state);
+            }
+        }
+        let rate = f64::from(limit.tokens()) / limit.interval_ms() as f64;
+        let extra = f64::from(limit.burst()).min(2.0 * skew as f64 * rate);
+        admitted_at_most_burst_plus_rate(&limit, &admissions, extra);
+    }
+
+    #[test]
+    fn nothing_overflows_for_any_limit_cost_and_time(
+        limit in limit(),
+        ops in prop::collection::vec((any::<u64>(), any::<u32>(), 0u8..4, any::<u64>()), 1..30),
+    ) {
+        let p = limit.params();
+        let mut state = None;
+        for (now, cost, op, arg) in ops {
+            let cost = f64::from(1 + cost % limit.burst());
+            let write = match op {
+                0 => {
+                    let (o, w) = evaluate(&p, state, now, cost, arg);
+                    prop_assert!(o.remaining <= u64::from(limit.burst()));
+                    prop_assert!(!o.allowed || o.wait <= MAX_WAIT);
+                    w
+                }
+                1 => {
+                    let o = peek(&p, state, now);
+                    prop_assert!(o.remaining <= u64::from(limit.burst()));
+                    None
+                }
+                2 => Some(refund(&p, state, now, cost)),
+                _ => Some(drain_until(&p, state, now, arg)),
+            };
+            if let Some(w) = write {
+                prop_assert!(w.state.t.is_finite() && w.state.ts.is_finite() && w.full.is_finite());
+                prop_assert!(w.state.t <= p.capacity);
+                prop_assert!(w.state.ts <= MAX_TIME as f64 && w.state.ts == w.state.ts.trunc());
+                prop_assert!(w.ttl >= limit.interval_ms());
+                state = Some(w.state);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_stale_clock_refills_nothing_and_never_moves_time_back() {
+    let limit = Limit::per_second(1).and_then(|l| l.with_burst(2));
+    let p = limit.map(|l| l.params()).unwrap_or(Params {
+        tokens: 1.0,
+        interval: 1000.0,
+        capacity: 2.0,
+    });
+    let (_, w) = evaluate(&p, None, 10_000, 2.0, 0);
+    let state = w.map(|w| w.state);
+    // A worker 5 s behind sees an empty bucket, not one refilled by 5 s of negative time.
+    let (o, w) = evaluate(&p, state, 5_000, 1.0, 0);
+    assert!(!o.allowed && w.is_none());
+    assert_eq!(o.wait, 6_000);
+    let w = refund(&p, state, 5_000, 1.0);
+    assert_eq!(w.state.ts, 10_000.0);
+}
+
+#[test]
+fn drain_blocks_until_the_deadline_then_refills() {
+    let p = Params {
+        tokens: 1.0,
+        interval: 1000.0,
+        capacity: 10.0,
+    };
+    let w = drain_until(&p, None, 0, 2_000);
+    let state = Some(w.state);
+    let (o, _) = evaluate(&p, state, 1_999, 1.0, 0);
+    assert!(!o.allowed);
+    assert_eq!(o.wait, 1_001);
+    let (o, _) = evaluate(&p, state, 3_000, 1.0, 0);
+    assert!(o.allowed);
+    // The key outlives the drain: until full (2 s + 10 s) plus an interval.
+    assert_eq!(w.ttl, 13_000);
+}
+
+#[test]
+fn refund_never_exceeds_capacity() {
+    let p = Params {
+        tokens: 1.0,
+        interval: 1000.0,
+        capacity: 3.0,
+    };
+    let (_, w) = evaluate(&p, None, 0, 1.0, 0);
+    let w = refund(&p, w.map(|w| w.state), 0, 3.0);
+    assert_eq!(w.state.t, 3.0);
+    assert_eq!(w.full, 0.0);
+}
 

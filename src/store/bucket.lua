@@ -73,11 +73,15 @@ if op == '1' then
   local max_wait = tonumber(ARGV[7])
   if max_wait > MAX_WAIT then max_wait = MAX_WAIT end
   local wait = 0
+  local over = 0
   if not (avail >= x) then
-    wait = ready_at(t, ts, x) - now
+    local ready = ready_at(t, ts, x)
+    -- Served at a whole millisecond: what the bucket would hold above capacity then is lost.
+    over = max(0, t + refill(ready - ts) - capacity)
+    wait = ready - now
   end
   if wait <= max_wait then
-    local t2 = avail - x
+    local t2 = avail - x - over
     local full = write(t2, ts2)
     return {1, wait, math.floor(max(0, t2)), full - now}
   end
