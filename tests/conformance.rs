@@ -1,0 +1,334 @@
+//! One conformance suite, written once, run against every `BucketStore`: `MemoryStore`,
+//! `RedisStore` on a real Redis, and both behind `Arc<dyn DynBucketStore>`.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
+
+use burstgate::{
+    BucketKey, BucketStore, DynBucketStore, Limit, ManualClock, MemoryStore, StoreError,
+};
+
+#[path = "support/redis_server.rs"]
+mod redis_server;
+
+const START: u64 = 1_700_000_000_000;
+const ZERO: Duration = Duration::ZERO;
+
+fn limit(tokens: u32, interval_ms: u64, burst: u32) -> Limit {
+    Limit::new(tokens, Duration::from_millis(interval_ms))
+        .and_then(|l| l.with_burst(burst))
+        .expect("a valid limit")
+}
+
+fn key(bucket: &str, key: &str) -> BucketKey {
+    BucketKey::new(bucket, key).expect("a valid key")
+}
+
+/// The cases. Each takes a function that builds a fresh, empty store on the given clock.
+mod cases {
+    use super::*;
+
+    pub async fn a_full_bucket_admits_burst_then_one_per_interval<S, F>(
+        make: impl FnOnce(ManualClock) -> F,
+    ) where
+        S: BucketStore,
+        F: Future<Output = S>,
+    {
+        let clock = ManualClock::new(START);
+        let store = make(clock.clone()).await;
+        let orders = limit(1, 60_000, 10);
+        let k = key("orders", "seller-1");
+        for left in (0..10).rev() {
+            let d = store.acquire(&k, orders, 1, ZERO).await.expect("decides");
+            assert!(d.is_admitted() && d.wait() == ZERO, "{d:?}");
+            assert_eq!(d.remaining(), left);
+        }
+        let d = store.acquire(&k, orders, 1, ZERO).await.expect("decides");
+        assert!(!d.is_admitted());
+        assert_eq!(d.retry_after(), Some(Duration::from_secs(60)));
+        assert_eq!(d.reset_after(), Duration::from_secs(600));
+        assert_eq!(d.limit(), orders);
+        clock.advance(Duration::from_millis(59_999));
+        let d = store.acquire(&k, orders, 1, ZERO).await.expect("decides");
+        assert_eq!(d.retry_after(), Some(Duration::from_millis(1)));
+        clock.advance(Duration::from_millis(1));
+        let d = store.acquire(&k, orders, 1, ZERO).await.expect("decides");
+        assert!(d.is_admitted() && d.wait() == ZERO);
+    }
+
+    pub async fn reservations_queue_in_arrival_order<S, F>(make: impl FnOnce(ManualClock) -> F)
+    where
+        S: BucketStore,
+        F: Future<Output = S>,
+    {
+        let clock = ManualClock::new(START);
+        let store = make(clock.clone()).await;
+        let l = limit(1, 1_000, 2);
+        let k = key("queue", "a");
+        let max_wait = Duration::from_secs(3);
+        let mut waits = Vec::new();
+        for _ in 0..5 {
+            let d = store.acquire(&k, l, 1, max_wait).await.expect("decides");
+            assert!(d.is_admitted(), "{d:?}");
+            waits.push(d.wait().as_millis());
+        }
+        assert_eq!(waits, [0, 0, 1_000, 2_000, 3_000]);
+        // The sixth would wait 4 s, over the ceiling: denied, and nothing taken.
+        let before = store.peek(&k, l).await.expect("peeks");
+        let d = store.acquire(&k, l, 1, max_wait).await.expect("decides");
+        assert!(!d.is_admitted());
+        assert_eq!(d.retry_after(), Some(Duration::from_secs(4)));
+        assert_eq!(store.peek(&k, l).await.expect("peeks"), before);
+        assert_eq!(before.remaining(), 0);
+        assert_eq!(before.resets_in(), Duration::from_secs(5));
+        assert_eq!(before.next_token_in(), Duration::from_secs(4));
+    }
+
+    pub async fn refunds_return_tokens_up_to_capacity<S, F>(make: impl FnOnce(ManualClock) -> F)
+    where
+        S: BucketStore,
+        F: Future<Output = S>,
+    {
+        let clock = ManualClock::new(START);
+        let store = make(clock.clone()).await;
+        let l = limit(1, 1_000, 3);
+        let k = key("refund", "a");
+        store.acquire(&k, l, 3, ZERO).await.expect("decides");
+        let d = store.acquire(&k, l, 2, Duration::from_secs(10)).await.expect("decides");
+        assert_eq!(d.wait(), Duration::from_secs(2));
+        // The caller gives up: its reservation goes back.
+        store.refund(&k, l, 2).await.expect("refunds");
+        let q = store.peek(&k, l).await.expect("peeks");
+        assert_eq!((q.remaining(), q.used()), (0, 3));
+        assert_eq!(q.next_token_in(), Duration::from_secs(1));
+        // More refunds than were taken never raise the bucket above capacity.
+        store.refund(&k, l, 3).await.expect("refunds");
+        store.refund(&k, l, 3).await.expect("refunds");
+        let q = store.peek(&k, l).await.expect("peeks");
+        assert_eq!((q.capacity(), q.remaining(), q.used()), (3, 3, 0));
+        assert_eq!(q.resets_in(), ZERO);
+    }
+
+    pub async fn a_drain_blocks_every_caller_until_its_deadline<S, F>(
+        make: impl FnOnce(ManualClock) -> F,
+    ) where
+        S: BucketStore,
+        F: Future<Output = S>,
+    {
+        let clock = ManualClock::new(START);
+        let store = make(clock.clone()).await;
+        let l = limit(10, 1_000, 10);
+        let k = key("drain", "acct");
+        let until = UNIX_EPOCH + Duration::from_millis(START + 2_000);
+        store.drain_until(&k, l, until).await.expect("drains");
+        let d = store.acquire(&k, l, 1, ZERO).await.expect("decides");
+        assert_eq!(d.retry_after(), Some(Duration::from_millis(2_100)));
+        clock.advance(Duration::from_millis(2_099));
+        assert!(!store.acquire(&k, l, 1, ZERO).await.expect("decides").is_admitted());
+        clock.advance(Duration::from_millis(1));
+        assert!(store.acquire(&k, l, 1, ZERO).await.expect("decides").is_admitted());
+        // A deadline already past still empties the bucket now.
+        store
+            .drain_until(&k, l, UNIX_EPOCH)
+            .await
+            .expect("drains");
+        let q = store.peek(&k, l).await.expect("peeks");
+        assert_eq!(q.remaining(), 0);
+        assert_eq!(q.next_token_in(), Duration::from_millis(100));
+    }
+
+    pub async fn peek_takes_nothing<S, F>(make: impl FnOnce(ManualClock) -> F)
+    where
+        S: BucketStore,
+        F: Future<Output = S>,
+    {
+        let clock = ManualClock::new(START);
+        let store = make(clock.clone()).await;
+        let l = limit(2, 1_000, 4);
+        let k = key("peek", "a");
+        for _ in 0..3 {
+            let q = store.peek(&k, l).await.expect("peeks");
+            assert_eq!((q.capacity(), q.remaining(), q.used()), (4, 4, 0));
+            assert_eq!((q.resets_in(), q.next_token_in()), (ZERO, ZERO));
+        }
+        store.acquire(&k, l, 3, ZERO).await.expect("decides");
+        let q = store.peek(&k, l).await.expect("peeks");
+        assert_eq!((q.remaining(), q.used()), (1, 3));
+        assert_eq!(q.resets_in(), Duration::from_millis(1_500));
+    }
+
+    pub async fn impossible_costs_are_errors_not_waits<S, F>(make: impl FnOnce(ManualClock) -> F)
+    where
+        S: BucketStore,
+        F: Future<Output = S>,
+    {
+        let store = make(ManualClock::new(START)).await;
+        let l = limit(1, 1_000, 5);
+        let k = key("cost", "a");
+        let e = store.acquire(&k, l, 0, ZERO).await;
+        assert!(matches!(e, Err(StoreError::ZeroCost)), "{e:?}");
+        let e = store.acquire(&k, l, 6, Duration::MAX).await;
+        assert!(
+            matches!(e, Err(StoreError::CostAboveCapacity { cost: 6, capacity: 5 })),
+            "{e:?}"
+        );
+        let e = store.refund(&k, l, 0).await;
+        assert!(matches!(e, Err(StoreError::ZeroCost)), "{e:?}");
+        // Nothing was taken by the refused calls.
+        assert_eq!(store.peek(&k, l).await.expect("peeks").remaining(), 5);
+    }
+
+    pub async fn keys_and_buckets_are_independent<S, F>(make: impl FnOnce(ManualClock) -> F)
+    where
+        S: BucketStore,
+        F: Future<Output = S>,
+    {
+        let store = make(ManualClock::new(START)).await;
+        let l = limit(1, 60_000, 1);
+        let keys = [
+            key("a", "x"),
+            key("a", "y"),
+            key("b", "x"),
+            key("a", "x:y"),
+            key("a", "x%3Ay"),
+            BucketKey::hashed("a", "x").expect("a valid key"),
+        ];
+        for k in &keys {
+            let d = store.acquire(k, l, 1, ZERO).await.expect("decides");
+            assert!(d.is_admitted(), "{k} shared a bucket with an earlier key");
+        }
+        for k in &keys {
+            assert!(!store.acquire(k, l, 1, ZERO).await.expect("decides").is_admitted());
+        }
+    }
+
+    pub async fn a_stale_clock_gets_no_credit<S, F>(make: impl FnOnce(ManualClock) -> F)
+    where
+        S: BucketStore,
+        F: Future<Output = S>,
+    {
+        let clock = ManualClock::new(START);
+        let store = make(clock.clone()).await;
+        let l = limit(1, 1_000, 1);
+        let k = key("skew", "a");
+        assert!(store.acquire(&k, l, 1, ZERO).await.expect("decides").is_admitted());
+        // A worker whose clock is 5 s behind sees no refill for negative time...
+        clock.set(START - 5_000);
+        let d = store.acquire(&k, l, 1, ZERO).await.expect("decides");
+        assert_eq!(d.retry_after(), Some(Duration::from_secs(6)));
+        // ...and one 1 s ahead is admitted once, the most skew can cost.
+        clock.set(START + 1_000);
+        assert!(store.acquire(&k, l, 1, ZERO).await.expect("decides").is_admitted());
+        clock.set(START + 500);
+        let d = store.acquire(&k, l, 1, ZERO).await.expect("decides");
+        assert_eq!(d.retry_after(), Some(Duration::from_millis(1_500)));
+    }
+
+    pub async fn concurrent_callers_get_exactly_the_burst<S, F>(make: impl FnOnce(ManualClock) -> F)
+    where
+        S: BucketStore + Clone,
+        F: Future<Output = S>,
+    {
+        let store = make(ManualClock::new(START)).await;
+        let l = limit(1, 60_000, 50);
+        let k = Arc::new(key("flood", "one"));
+        let mut tasks = Vec::new();
+        for _ in 0..400 {
+            let (store, k) = (store.clone(), Arc::clone(&k));
+            tasks.push(tokio::spawn(async move {
+                store.acquire(&k, l, 1, ZERO).await.map(|d| d.is_admitted())
+            }));
+        }
+        let mut admitted = 0;
+        for t in tasks {
+            if t.await.expect("the task finishes").expect("decides") {
+                admitted += 1;
+            }
+        }
+        assert_eq!(admitted, 50);
+    }
+}
+
+async fn memory(clock: ManualClock) -> MemoryStore<ManualClock> {
+    MemoryStore::with_clock(clock)
+}
+
+async fn redis(clock: ManualClock) -> burstgate::RedisStore<redis::aio::MultiplexedConnection, ManualClock> {
+    let client = redis::Client::open(redis_server::url()).expect("a valid Redis URL");
+    let conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("a connection to the test Redis");
+    burstgate::RedisStore::new(conn)
+        .with_prefix(&redis_server::unique_prefix())
+        .expect("a valid prefix")
+        .with_clock(clock)
+}
+
+async fn dyn_memory(clock: ManualClock) -> Arc<dyn DynBucketStore> {
+    Arc::new(memory(clock).await)
+}
+
+async fn dyn_redis(clock: ManualClock) -> Arc<dyn DynBucketStore> {
+    Arc::new(redis(clock).await)
+}
+
+macro_rules! suite {
+    ($name:ident, $make:expr) => {
+        mod $name {
+            use super::*;
+
+            #[tokio::test]
+            async fn a_full_bucket_admits_burst_then_one_per_interval() {
+                cases::a_full_bucket_admits_burst_then_one_per_interval($make).await;
+            }
+
+            #[tokio::test]
+            async fn reservations_queue_in_arrival_order() {
+                cases::reservations_queue_in_arrival_order($make).await;
+            }
+
+            #[tokio::test]
+            async fn refunds_return_tokens_up_to_capacity() {
+                cases::refunds_return_tokens_up_to_capacity($make).await;
+            }
+
+            #[tokio::test]
+            async fn a_drain_blocks_every_caller_until_its_deadline() {
+                cases::a_drain_blocks_every_caller_until_its_deadline($make).await;
+            }
+
+            #[tokio::test]
+            async fn peek_takes_nothing() {
+                cases::peek_takes_nothing($make).await;
+            }
+
+            #[tokio::test]
+            async fn impossible_costs_are_errors_not_waits() {
+                cases::impossible_costs_are_errors_not_waits($make).await;
+            }
+
+            #[tokio::test]
+            async fn keys_and_buckets_are_independent() {
+                cases::keys_and_buckets_are_independent($make).await;
+            }
+
+            #[tokio::test]
+            async fn a_stale_clock_gets_no_credit() {
+                cases::a_stale_clock_gets_no_credit($make).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn concurrent_callers_get_exactly_the_burst() {
+                cases::concurrent_callers_get_exactly_the_burst($make).await;
+            }
+        }
+    };
+}
+
+suite!(memory_store, memory);
+suite!(redis_store, redis);
+suite!(dyn_memory_store, dyn_memory);
+suite!(dyn_redis_store, dyn_redis);
+

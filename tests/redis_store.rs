@@ -1,0 +1,223 @@
+//! What only the Redis store has: its key layout and TTL, script reloading, wrong-type keys,
+//! connection kinds and failures. The shared behaviour is in `conformance.rs`.
+
+use std::time::Duration;
+
+use burstgate::{BucketKey, BucketStore, Limit, ManualClock, RedisStore, StoreError};
+use redis::AsyncCommands;
+use redis::aio::{ConnectionManager, MultiplexedConnection};
+
+#[path = "support/redis_server.rs"]
+mod redis_server;
+
+const START: u64 = 1_700_000_000_000;
+const ZERO: Duration = Duration::ZERO;
+
+async fn conn() -> MultiplexedConnection {
+    redis::Client::open(redis_server::url())
+        .expect("a valid Redis URL")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("a connection to the test Redis")
+}
+
+fn orders() -> Limit {
+    Limit::per_minute(1)
+        .and_then(|l| l.with_burst(10))
+        .expect("a valid limit")
+}
+
+#[tokio::test]
+async fn a_bucket_is_one_hash_under_a_versioned_prefix_with_a_refill_ttl() {
+    let prefix = redis_server::unique_prefix();
+    let clock = ManualClock::new(START);
+    let store = RedisStore::new(conn().await)
+        .with_prefix(&prefix)
+        .expect("a valid prefix")
+        .with_clock(clock.clone());
+    let key = BucketKey::new("orders", "seller:1").expect("a valid key");
+    let redis_key = format!("{prefix}:v1:orders:seller%3A1");
+    assert_eq!(store.redis_key(&key), redis_key);
+
+    store.acquire(&key, orders(), 3, ZERO).await.expect("decides");
+    let mut c = conn().await;
+    let kind: String = redis::cmd("TYPE").arg(&redis_key).query_async(&mut c).await.expect("TYPE");
+    assert_eq!(kind, "hash");
+    let (t, ts): (String, String) = redis::cmd("HMGET")
+        .arg(&redis_key)
+        .arg("t")
+        .arg("ts")
+        .query_async(&mut c)
+        .await
+        .expect("HMGET");
+    assert_eq!((t.as_str(), ts.as_str()), ("7", "1700000000000"));
+    // Three tokens to refill at one a minute, plus one interval of margin.
+    let pttl: i64 = c.pttl(&redis_key).await.expect("PTTL");
+    assert!((239_000..=240_000).contains(&pttl), "{pttl}");
+
+    // A plain denial writes nothing: the TTL set by the last write stays as it was.
+    let _: bool = c.persist(&redis_key).await.expect("PERSIST");
+    store.acquire(&key, orders(), 7, ZERO).await.expect("decides");
+    let d = store.acquire(&key, orders(), 1, ZERO).await.expect("decides");
+    assert!(!d.is_admitted());
+    let pttl: i64 = c.pttl(&redis_key).await.expect("PTTL");
+    assert!(pttl > 0, "the admit wrote a TTL");
+    let _: bool = c.persist(&redis_key).await.expect("PERSIST");
+    let d = store.acquire(&key, orders(), 1, ZERO).await.expect("decides");
+    assert!(!d.is_admitted());
+    let pttl: i64 = c.pttl(&redis_key).await.expect("PTTL");
+    assert_eq!(pttl, -1, "a denial must not write");
+
+    // An expired bucket is a full one.
+    let _: () = c.del(&redis_key).await.expect("DEL");
+    let q = store.peek(&key, orders()).await.expect("peeks");
+    assert_eq!(q.remaining(), 10);
+}
+
+#[tokio::test]
+async fn the_script_is_loaded_again_after_script_flush() {
+    let store = RedisStore::new(conn().await)
+        .with_prefix(&redis_server::unique_prefix())
+        .expect("a valid prefix");
+    let key = BucketKey::new("flush", "a").expect("a valid key");
+    store.acquire(&key, orders(), 1, ZERO).await.expect("decides");
+    let mut c = conn().await;
+    let _: () = redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut c).await.expect("FLUSH");
+    let d = store.acquire(&key, orders(), 1, ZERO).await.expect("decides after NOSCRIPT");
+    assert_eq!(d.remaining(), 8);
+}
+
+#[tokio::test]
+async fn a_key_of_another_type_is_a_wrong_type_error_naming_it() {
+    let store = RedisStore::new(conn().await)
+        .with_prefix(&redis_server::unique_prefix())
+        .expect("a valid prefix");
+    let key = BucketKey::new("typed", "a").expect("a valid key");
+    let mut c = conn().await;
+    let _: () = c.set(store.redis_key(&key), "not a bucket").await.expect("SET");
+    let e = store.acquire(&key, orders(), 1, ZERO).await;
+    match e {
+        Err(StoreError::WrongType { key: named }) => {
+            assert_eq!(named, store.redis_key(&key));
+            let shown = StoreError::WrongType { key: named }.to_string();
+            assert!(shown.contains("typed:a"), "{shown}");
+        }
+        other => panic!("expected WrongType, got {other:?}"),
+    }
+    assert!(matches!(
+        store.peek(&key, orders()).await,
+        Err(StoreError::WrongType { .. })
+    ));
+    // The value is untouched.
+    let v: String = c.get(store.redis_key(&key)).await.expect("GET");
+    assert_eq!(v, "not a bucket");
+}
+
+#[tokio::test]
+async fn a_lost_connection_is_a_backend_error_with_its_cause() {
+    let mut store_conn = conn().await;
+    let id: i64 = redis::cmd("CLIENT").arg("ID").query_async(&mut store_conn).await.expect("ID");
+    let store = RedisStore::new(store_conn)
+        .with_prefix(&redis_server::unique_prefix())
+        .expect("a valid prefix");
+    let mut c = conn().await;
+    let _: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(id)
+        .query_async(&mut c)
+        .await
+        .expect("KILL");
+    let key = BucketKey::new("lost", "a").expect("a valid key");
+    let e = store.acquire(&key, orders(), 1, ZERO).await;
+    match e {
+        Err(StoreError::Backend(b)) => {
+            let source = std::error::Error::source(&b);
+            assert!(source.is_some(), "the redis error is the source");
+        }
+        other => panic!("expected a backend error, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_connection_manager_reconnects_by_itself() {
+    let client = redis::Client::open(redis_server::url()).expect("a valid Redis URL");
+    let manager = ConnectionManager::new(client).await.expect("a connection manager");
+    let store = RedisStore::new(manager.clone())
+        .with_prefix(&redis_server::unique_prefix())
+        .expect("a valid prefix");
+    let key = BucketKey::new("managed", "a").expect("a valid key");
+    store.acquire(&key, orders(), 1, ZERO).await.expect("decides");
+    let mut m = manager.clone();
+    let id: i64 = redis::cmd("CLIENT").arg("ID").query_async(&mut m).await.expect("ID");
+    let mut c = conn().await;
+    let _: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(id)
+        .query_async(&mut c)
+        .await
+        .expect("KILL");
+    // The call that meets the dead socket may fail; within a few tries the manager is back.
+    let mut decided = None;
+    for _ in 0..50 {
+        if let Ok(d) = store.acquire(&key, orders(), 1, ZERO).await {
+            decided = Some(d);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let d = decided.expect("the manager reconnected");
+    assert!(d.remaining() <= 8);
+}
+
+#[test]
+fn a_cluster_connection_fits_the_store() {
+    // Compile-time: the store takes a cluster connection as it is.
+    fn build(conn: redis::cluster_async::ClusterConnection) -> impl BucketStore {
+        RedisStore::new(conn)
+    }
+    let _ = build;
+}
+
+#[test]
+fn debug_output_shows_no_connection() {
+    let shown = format!(
+        "{:?}",
+        RedisStore::new(NoConnection).with_prefix("app").expect("a valid prefix")
+    );
+    assert!(shown.contains("\"app\"") && !shown.contains("NoConnection"), "{shown}");
+}
+
+#[test]
+fn bad_prefixes_are_refused() {
+    assert!(RedisStore::new(NoConnection).with_prefix("").is_err());
+    assert!(RedisStore::new(NoConnection).with_prefix("a:b").is_err());
+    assert!(RedisStore::new(NoConnection).with_prefix("a{b}").is_err());
+}
+
+/// A connection that is never used, for tests of construction alone.
+#[derive(Clone)]
+struct NoConnection;
+
+impl redis::aio::ConnectionLike for NoConnection {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        _: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        Box::pin(async { Err(redis::RedisError::from((redis::ErrorKind::Io, "unused"))) })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        _: &'a redis::Pipeline,
+        _: usize,
+        _: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        Box::pin(async { Err(redis::RedisError::from((redis::ErrorKind::Io, "unused"))) })
+    }
+
+    fn get_db(&self) -> i64 {
+        0
+    }
+}
