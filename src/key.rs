@@ -138,9 +138,9 @@ pub enum InvalidKey {
 impl fmt::Display for InvalidKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::BucketName => f.write_str(
-                "a bucket name must be 1 to 64 ascii letters, digits, '_', '.' or '-'",
-            ),
+            Self::BucketName => {
+                f.write_str("a bucket name must be 1 to 64 ascii letters, digits, '_', '.' or '-'")
+            }
             Self::EmptyKey => f.write_str("a bucket key must not be empty"),
         }
     }
@@ -188,9 +188,15 @@ mod tests {
     fn bad_names_and_empty_keys_are_refused() {
         assert_eq!(BucketKey::new("", "k"), Err(InvalidKey::BucketName));
         assert_eq!(BucketKey::new("a:b", "k"), Err(InvalidKey::BucketName));
-        assert_eq!(BucketKey::new(&"n".repeat(65), "k"), Err(InvalidKey::BucketName));
+        assert_eq!(
+            BucketKey::new(&"n".repeat(65), "k"),
+            Err(InvalidKey::BucketName)
+        );
         assert_eq!(BucketKey::new("orders", ""), Err(InvalidKey::EmptyKey));
         assert_eq!(BucketKey::hashed("orders", ""), Err(InvalidKey::EmptyKey));
-        assert_eq!(BucketKey::new("orders", "k").map(|k| k.bucket().to_owned()), Ok("orders".into()));
+        assert_eq!(
+            BucketKey::new("orders", "k").map(|k| k.bucket().to_owned()),
+            Ok("orders".into())
+        );
     }
 }

@@ -53,7 +53,7 @@ impl Limit {
         if interval.is_zero() {
             return Err(InvalidLimit::ZeroInterval);
         }
-        if interval.subsec_nanos() % 1_000_000 != 0 {
+        if !interval.subsec_nanos().is_multiple_of(1_000_000) {
             return Err(InvalidLimit::SubMillisecondInterval { interval });
         }
         let ms = interval.as_millis();
@@ -103,8 +103,8 @@ impl Limit {
     }
 
     fn checked(self) -> Result<Self, InvalidLimit> {
-        let refill_ms = u128::from(self.burst) * u128::from(self.interval_ms)
-            / u128::from(self.tokens);
+        let refill_ms =
+            u128::from(self.burst) * u128::from(self.interval_ms) / u128::from(self.tokens);
         if refill_ms > MAX_SPAN_MS {
             return Err(InvalidLimit::TooSlow);
         }
@@ -143,8 +143,8 @@ impl Limit {
     /// token per unit of cost, `2 × interval / tokens × cost`. For "1 per minute" and cost 1 that
     /// is two minutes.
     pub fn default_max_wait(&self, cost: u32) -> Duration {
-        let ms = (2 * u128::from(self.interval_ms) * u128::from(cost))
-            .div_ceil(u128::from(self.tokens));
+        let ms =
+            (2 * u128::from(self.interval_ms) * u128::from(cost)).div_ceil(u128::from(self.tokens));
         Duration::from_millis(u64::try_from(ms).unwrap_or(u64::MAX))
     }
 
@@ -159,7 +159,13 @@ impl Limit {
 
 impl fmt::Display for Limit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} per {:?}, burst {}", self.tokens, self.interval(), self.burst)
+        write!(
+            f,
+            "{} per {:?}, burst {}",
+            self.tokens,
+            self.interval(),
+            self.burst
+        )
     }
 }
 
@@ -221,15 +227,21 @@ mod tests {
     fn bad_values_are_refused_with_their_reason() {
         let s = Duration::from_secs(1);
         assert_eq!(Limit::new(0, s), Err(InvalidLimit::ZeroTokens));
-        assert_eq!(Limit::new(1, Duration::ZERO), Err(InvalidLimit::ZeroInterval));
+        assert_eq!(
+            Limit::new(1, Duration::ZERO),
+            Err(InvalidLimit::ZeroInterval)
+        );
         assert_eq!(
             Limit::new(1, Duration::from_micros(1500)),
             Err(InvalidLimit::SubMillisecondInterval {
                 interval: Duration::from_micros(1500)
             })
         );
-        assert_eq!(Limit::new(1, Duration::from_nanos(1)).is_err(), true);
-        assert_eq!(Limit::new(1, s).and_then(|l| l.with_burst(0)), Err(InvalidLimit::ZeroBurst));
+        assert!(Limit::new(1, Duration::from_nanos(1)).is_err());
+        assert_eq!(
+            Limit::new(1, s).and_then(|l| l.with_burst(0)),
+            Err(InvalidLimit::ZeroBurst)
+        );
         assert_eq!(
             Limit::new(1, Duration::from_secs(u64::MAX)),
             Err(InvalidLimit::TooSlow)
@@ -253,15 +265,24 @@ mod tests {
             InvalidLimit::TooSlow,
         ] {
             let m = e.to_string();
-            assert!(m.starts_with(char::is_lowercase) && !m.ends_with('.'), "{m}");
+            assert!(
+                m.starts_with(char::is_lowercase) && !m.ends_with('.'),
+                "{m}"
+            );
         }
     }
 
     #[test]
     fn default_max_wait_is_two_token_periods_times_cost() {
         let l = Limit::per_minute(1).and_then(|l| l.with_burst(10));
-        assert_eq!(l.map(|l| l.default_max_wait(1)), Ok(Duration::from_secs(120)));
+        assert_eq!(
+            l.map(|l| l.default_max_wait(1)),
+            Ok(Duration::from_secs(120))
+        );
         let l = Limit::per_second(3);
-        assert_eq!(l.map(|l| l.default_max_wait(2)), Ok(Duration::from_millis(1334)));
+        assert_eq!(
+            l.map(|l| l.default_max_wait(2)),
+            Ok(Duration::from_millis(1334))
+        );
     }
 }

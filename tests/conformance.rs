@@ -29,7 +29,7 @@ fn key(bucket: &str, key: &str) -> BucketKey {
 mod cases {
     use super::*;
 
-    pub async fn a_full_bucket_admits_burst_then_one_per_interval<S, F>(
+    pub(crate) async fn a_full_bucket_admits_burst_then_one_per_interval<S, F>(
         make: impl FnOnce(ManualClock) -> F,
     ) where
         S: BucketStore,
@@ -57,8 +57,9 @@ mod cases {
         assert!(d.is_admitted() && d.wait() == ZERO);
     }
 
-    pub async fn reservations_queue_in_arrival_order<S, F>(make: impl FnOnce(ManualClock) -> F)
-    where
+    pub(crate) async fn reservations_queue_in_arrival_order<S, F>(
+        make: impl FnOnce(ManualClock) -> F,
+    ) where
         S: BucketStore,
         F: Future<Output = S>,
     {
@@ -85,8 +86,9 @@ mod cases {
         assert_eq!(before.next_token_in(), Duration::from_secs(4));
     }
 
-    pub async fn refunds_return_tokens_up_to_capacity<S, F>(make: impl FnOnce(ManualClock) -> F)
-    where
+    pub(crate) async fn refunds_return_tokens_up_to_capacity<S, F>(
+        make: impl FnOnce(ManualClock) -> F,
+    ) where
         S: BucketStore,
         F: Future<Output = S>,
     {
@@ -95,7 +97,10 @@ mod cases {
         let l = limit(1, 1_000, 3);
         let k = key("refund", "a");
         store.acquire(&k, l, 3, ZERO).await.expect("decides");
-        let d = store.acquire(&k, l, 2, Duration::from_secs(10)).await.expect("decides");
+        let d = store
+            .acquire(&k, l, 2, Duration::from_secs(10))
+            .await
+            .expect("decides");
         assert_eq!(d.wait(), Duration::from_secs(2));
         // The caller gives up: its reservation goes back.
         store.refund(&k, l, 2).await.expect("refunds");
@@ -110,7 +115,7 @@ mod cases {
         assert_eq!(q.resets_in(), ZERO);
     }
 
-    pub async fn a_drain_blocks_every_caller_until_its_deadline<S, F>(
+    pub(crate) async fn a_drain_blocks_every_caller_until_its_deadline<S, F>(
         make: impl FnOnce(ManualClock) -> F,
     ) where
         S: BucketStore,
@@ -125,20 +130,29 @@ mod cases {
         let d = store.acquire(&k, l, 1, ZERO).await.expect("decides");
         assert_eq!(d.retry_after(), Some(Duration::from_millis(2_100)));
         clock.advance(Duration::from_millis(2_099));
-        assert!(!store.acquire(&k, l, 1, ZERO).await.expect("decides").is_admitted());
+        assert!(
+            !store
+                .acquire(&k, l, 1, ZERO)
+                .await
+                .expect("decides")
+                .is_admitted()
+        );
         clock.advance(Duration::from_millis(1));
-        assert!(store.acquire(&k, l, 1, ZERO).await.expect("decides").is_admitted());
+        assert!(
+            store
+                .acquire(&k, l, 1, ZERO)
+                .await
+                .expect("decides")
+                .is_admitted()
+        );
         // A deadline already past still empties the bucket now.
-        store
-            .drain_until(&k, l, UNIX_EPOCH)
-            .await
-            .expect("drains");
+        store.drain_until(&k, l, UNIX_EPOCH).await.expect("drains");
         let q = store.peek(&k, l).await.expect("peeks");
         assert_eq!(q.remaining(), 0);
         assert_eq!(q.next_token_in(), Duration::from_millis(100));
     }
 
-    pub async fn peek_takes_nothing<S, F>(make: impl FnOnce(ManualClock) -> F)
+    pub(crate) async fn peek_takes_nothing<S, F>(make: impl FnOnce(ManualClock) -> F)
     where
         S: BucketStore,
         F: Future<Output = S>,
@@ -158,8 +172,9 @@ mod cases {
         assert_eq!(q.resets_in(), Duration::from_millis(1_500));
     }
 
-    pub async fn impossible_costs_are_errors_not_waits<S, F>(make: impl FnOnce(ManualClock) -> F)
-    where
+    pub(crate) async fn impossible_costs_are_errors_not_waits<S, F>(
+        make: impl FnOnce(ManualClock) -> F,
+    ) where
         S: BucketStore,
         F: Future<Output = S>,
     {
@@ -170,7 +185,13 @@ mod cases {
         assert!(matches!(e, Err(StoreError::ZeroCost)), "{e:?}");
         let e = store.acquire(&k, l, 6, Duration::MAX).await;
         assert!(
-            matches!(e, Err(StoreError::CostAboveCapacity { cost: 6, capacity: 5 })),
+            matches!(
+                e,
+                Err(StoreError::CostAboveCapacity {
+                    cost: 6,
+                    capacity: 5
+                })
+            ),
             "{e:?}"
         );
         let e = store.refund(&k, l, 0).await;
@@ -179,7 +200,7 @@ mod cases {
         assert_eq!(store.peek(&k, l).await.expect("peeks").remaining(), 5);
     }
 
-    pub async fn keys_and_buckets_are_independent<S, F>(make: impl FnOnce(ManualClock) -> F)
+    pub(crate) async fn keys_and_buckets_are_independent<S, F>(make: impl FnOnce(ManualClock) -> F)
     where
         S: BucketStore,
         F: Future<Output = S>,
@@ -199,11 +220,17 @@ mod cases {
             assert!(d.is_admitted(), "{k} shared a bucket with an earlier key");
         }
         for k in &keys {
-            assert!(!store.acquire(k, l, 1, ZERO).await.expect("decides").is_admitted());
+            assert!(
+                !store
+                    .acquire(k, l, 1, ZERO)
+                    .await
+                    .expect("decides")
+                    .is_admitted()
+            );
         }
     }
 
-    pub async fn a_stale_clock_gets_no_credit<S, F>(make: impl FnOnce(ManualClock) -> F)
+    pub(crate) async fn a_stale_clock_gets_no_credit<S, F>(make: impl FnOnce(ManualClock) -> F)
     where
         S: BucketStore,
         F: Future<Output = S>,
@@ -212,21 +239,34 @@ mod cases {
         let store = make(clock.clone()).await;
         let l = limit(1, 1_000, 1);
         let k = key("skew", "a");
-        assert!(store.acquire(&k, l, 1, ZERO).await.expect("decides").is_admitted());
+        assert!(
+            store
+                .acquire(&k, l, 1, ZERO)
+                .await
+                .expect("decides")
+                .is_admitted()
+        );
         // A worker whose clock is 5 s behind sees no refill for negative time...
         clock.set(START - 5_000);
         let d = store.acquire(&k, l, 1, ZERO).await.expect("decides");
         assert_eq!(d.retry_after(), Some(Duration::from_secs(6)));
         // ...and one 1 s ahead is admitted once, the most skew can cost.
         clock.set(START + 1_000);
-        assert!(store.acquire(&k, l, 1, ZERO).await.expect("decides").is_admitted());
+        assert!(
+            store
+                .acquire(&k, l, 1, ZERO)
+                .await
+                .expect("decides")
+                .is_admitted()
+        );
         clock.set(START + 500);
         let d = store.acquire(&k, l, 1, ZERO).await.expect("decides");
         assert_eq!(d.retry_after(), Some(Duration::from_millis(1_500)));
     }
 
-    pub async fn concurrent_callers_get_exactly_the_burst<S, F>(make: impl FnOnce(ManualClock) -> F)
-    where
+    pub(crate) async fn concurrent_callers_get_exactly_the_burst<S, F>(
+        make: impl FnOnce(ManualClock) -> F,
+    ) where
         S: BucketStore + Clone,
         F: Future<Output = S>,
     {
@@ -254,7 +294,9 @@ async fn memory(clock: ManualClock) -> MemoryStore<ManualClock> {
     MemoryStore::with_clock(clock)
 }
 
-async fn redis(clock: ManualClock) -> burstgate::RedisStore<redis::aio::MultiplexedConnection, ManualClock> {
+async fn redis(
+    clock: ManualClock,
+) -> burstgate::RedisStore<redis::aio::MultiplexedConnection, ManualClock> {
     let client = redis::Client::open(redis_server::url()).expect("a valid Redis URL");
     let conn = client
         .get_multiplexed_async_connection()
@@ -331,4 +373,3 @@ suite!(memory_store, memory);
 suite!(redis_store, redis);
 suite!(dyn_memory_store, dyn_memory);
 suite!(dyn_redis_store, dyn_redis);
-

@@ -39,9 +39,16 @@ async fn a_bucket_is_one_hash_under_a_versioned_prefix_with_a_refill_ttl() {
     let redis_key = format!("{prefix}:v1:orders:seller%3A1");
     assert_eq!(store.redis_key(&key), redis_key);
 
-    store.acquire(&key, orders(), 3, ZERO).await.expect("decides");
+    store
+        .acquire(&key, orders(), 3, ZERO)
+        .await
+        .expect("decides");
     let mut c = conn().await;
-    let kind: String = redis::cmd("TYPE").arg(&redis_key).query_async(&mut c).await.expect("TYPE");
+    let kind: String = redis::cmd("TYPE")
+        .arg(&redis_key)
+        .query_async(&mut c)
+        .await
+        .expect("TYPE");
     assert_eq!(kind, "hash");
     let (t, ts): (String, String) = redis::cmd("HMGET")
         .arg(&redis_key)
@@ -57,13 +64,22 @@ async fn a_bucket_is_one_hash_under_a_versioned_prefix_with_a_refill_ttl() {
 
     // A plain denial writes nothing: the TTL set by the last write stays as it was.
     let _: bool = c.persist(&redis_key).await.expect("PERSIST");
-    store.acquire(&key, orders(), 7, ZERO).await.expect("decides");
-    let d = store.acquire(&key, orders(), 1, ZERO).await.expect("decides");
+    store
+        .acquire(&key, orders(), 7, ZERO)
+        .await
+        .expect("decides");
+    let d = store
+        .acquire(&key, orders(), 1, ZERO)
+        .await
+        .expect("decides");
     assert!(!d.is_admitted());
     let pttl: i64 = c.pttl(&redis_key).await.expect("PTTL");
     assert!(pttl > 0, "the admit wrote a TTL");
     let _: bool = c.persist(&redis_key).await.expect("PERSIST");
-    let d = store.acquire(&key, orders(), 1, ZERO).await.expect("decides");
+    let d = store
+        .acquire(&key, orders(), 1, ZERO)
+        .await
+        .expect("decides");
     assert!(!d.is_admitted());
     let pttl: i64 = c.pttl(&redis_key).await.expect("PTTL");
     assert_eq!(pttl, -1, "a denial must not write");
@@ -80,10 +96,20 @@ async fn the_script_is_loaded_again_after_script_flush() {
         .with_prefix(&redis_server::unique_prefix())
         .expect("a valid prefix");
     let key = BucketKey::new("flush", "a").expect("a valid key");
-    store.acquire(&key, orders(), 1, ZERO).await.expect("decides");
+    store
+        .acquire(&key, orders(), 1, ZERO)
+        .await
+        .expect("decides");
     let mut c = conn().await;
-    let _: () = redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut c).await.expect("FLUSH");
-    let d = store.acquire(&key, orders(), 1, ZERO).await.expect("decides after NOSCRIPT");
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut c)
+        .await
+        .expect("FLUSH");
+    let d = store
+        .acquire(&key, orders(), 1, ZERO)
+        .await
+        .expect("decides after NOSCRIPT");
     assert_eq!(d.remaining(), 8);
 }
 
@@ -94,7 +120,10 @@ async fn a_key_of_another_type_is_a_wrong_type_error_naming_it() {
         .expect("a valid prefix");
     let key = BucketKey::new("typed", "a").expect("a valid key");
     let mut c = conn().await;
-    let _: () = c.set(store.redis_key(&key), "not a bucket").await.expect("SET");
+    let _: () = c
+        .set(store.redis_key(&key), "not a bucket")
+        .await
+        .expect("SET");
     let e = store.acquire(&key, orders(), 1, ZERO).await;
     match e {
         Err(StoreError::WrongType { key: named }) => {
@@ -116,7 +145,11 @@ async fn a_key_of_another_type_is_a_wrong_type_error_naming_it() {
 #[tokio::test]
 async fn a_lost_connection_is_a_backend_error_with_its_cause() {
     let mut store_conn = conn().await;
-    let id: i64 = redis::cmd("CLIENT").arg("ID").query_async(&mut store_conn).await.expect("ID");
+    let id: i64 = redis::cmd("CLIENT")
+        .arg("ID")
+        .query_async(&mut store_conn)
+        .await
+        .expect("ID");
     let store = RedisStore::new(store_conn)
         .with_prefix(&redis_server::unique_prefix())
         .expect("a valid prefix");
@@ -142,14 +175,23 @@ async fn a_lost_connection_is_a_backend_error_with_its_cause() {
 #[tokio::test]
 async fn a_connection_manager_reconnects_by_itself() {
     let client = redis::Client::open(redis_server::url()).expect("a valid Redis URL");
-    let manager = ConnectionManager::new(client).await.expect("a connection manager");
+    let manager = ConnectionManager::new(client)
+        .await
+        .expect("a connection manager");
     let store = RedisStore::new(manager.clone())
         .with_prefix(&redis_server::unique_prefix())
         .expect("a valid prefix");
     let key = BucketKey::new("managed", "a").expect("a valid key");
-    store.acquire(&key, orders(), 1, ZERO).await.expect("decides");
+    store
+        .acquire(&key, orders(), 1, ZERO)
+        .await
+        .expect("decides");
     let mut m = manager.clone();
-    let id: i64 = redis::cmd("CLIENT").arg("ID").query_async(&mut m).await.expect("ID");
+    let id: i64 = redis::cmd("CLIENT")
+        .arg("ID")
+        .query_async(&mut m)
+        .await
+        .expect("ID");
     let mut c = conn().await;
     let _: i64 = redis::cmd("CLIENT")
         .arg("KILL")
@@ -184,9 +226,14 @@ fn a_cluster_connection_fits_the_store() {
 fn debug_output_shows_no_connection() {
     let shown = format!(
         "{:?}",
-        RedisStore::new(NoConnection).with_prefix("app").expect("a valid prefix")
+        RedisStore::new(NoConnection)
+            .with_prefix("app")
+            .expect("a valid prefix")
     );
-    assert!(shown.contains("\"app\"") && !shown.contains("NoConnection"), "{shown}");
+    assert!(
+        shown.contains("\"app\"") && !shown.contains("NoConnection"),
+        "{shown}"
+    );
 }
 
 #[test]

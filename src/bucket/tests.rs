@@ -28,7 +28,11 @@ fn limit() -> impl Strategy<Value = Limit> {
 
 /// A modest limit, so that traces stay readable and windows are many.
 fn small_limit() -> impl Strategy<Value = Limit> {
-    (1u32..=10, prop::sample::select(vec![1u64, 3, 10, 100, 1000, 60_000]), 1u32..=12)
+    (
+        1u32..=10,
+        prop::sample::select(vec![1u64, 3, 10, 100, 1000, 60_000]),
+        1u32..=12,
+    )
         .prop_filter_map("a valid limit", |(t, i, b)| {
             Limit::new(t, Duration::from_millis(i))
                 .and_then(|l| l.with_burst(b))
@@ -318,4 +322,3 @@ fn refund_never_exceeds_capacity() {
     assert_eq!(w.state.t, 3.0);
     assert_eq!(w.full, 0.0);
 }
-

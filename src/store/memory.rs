@@ -117,7 +117,11 @@ impl<C: Clock> MemoryStore<C> {
 
     /// The number of buckets held (full buckets not yet swept included).
     pub fn len(&self) -> usize {
-        self.inner.shards.iter().map(|s| lock(s).buckets.len()).sum()
+        self.inner
+            .shards
+            .iter()
+            .map(|s| lock(s).buckets.len())
+            .sum()
     }
 
     /// Whether no bucket is held.
@@ -134,7 +138,11 @@ impl<C: Clock> MemoryStore<C> {
     }
 
     /// Reads and writes one bucket under its shard's lock.
-    fn with_bucket<T>(&self, key: &BucketKey, f: impl FnOnce(Option<State>, u64) -> (T, Option<Write>)) -> T {
+    fn with_bucket<T>(
+        &self,
+        key: &BucketKey,
+        f: impl FnOnce(Option<State>, u64) -> (T, Option<Write>),
+    ) -> T {
         let id = key.as_str();
         let hash = self.inner.hasher.hash_one(id);
         // The low bits pick the shard; the map hashes again with its own seed.

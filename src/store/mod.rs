@@ -381,43 +381,30 @@ impl<S: BucketStore> DynBucketStore for S {
 }
 
 impl BucketStore for Arc<dyn DynBucketStore> {
-    fn acquire(
+    async fn acquire(
         &self,
         key: &BucketKey,
         limit: Limit,
         cost: u32,
         max_wait: Duration,
-    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
-        // `async` lets the future hold the two borrows with their own lifetimes.
-        async move { (**self).acquire_boxed(key, limit, cost, max_wait).await }
+    ) -> Result<Decision, StoreError> {
+        (**self).acquire_boxed(key, limit, cost, max_wait).await
     }
 
-    fn peek(
-        &self,
-        key: &BucketKey,
-        limit: Limit,
-    ) -> impl Future<Output = Result<Quota, StoreError>> + Send {
-        // `async` lets the future hold the two borrows with their own lifetimes.
-        async move { (**self).peek_boxed(key, limit).await }
+    async fn peek(&self, key: &BucketKey, limit: Limit) -> Result<Quota, StoreError> {
+        (**self).peek_boxed(key, limit).await
     }
 
-    fn refund(
-        &self,
-        key: &BucketKey,
-        limit: Limit,
-        cost: u32,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        // `async` lets the future hold the two borrows with their own lifetimes.
-        async move { (**self).refund_boxed(key, limit, cost).await }
+    async fn refund(&self, key: &BucketKey, limit: Limit, cost: u32) -> Result<(), StoreError> {
+        (**self).refund_boxed(key, limit, cost).await
     }
 
-    fn drain_until(
+    async fn drain_until(
         &self,
         key: &BucketKey,
         limit: Limit,
         until: SystemTime,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        // `async` lets the future hold the two borrows with their own lifetimes.
-        async move { (**self).drain_until_boxed(key, limit, until).await }
+    ) -> Result<(), StoreError> {
+        (**self).drain_until_boxed(key, limit, until).await
     }
 }

@@ -1,7 +1,6 @@
 //! The shared store, on Redis.
 
 use std::fmt;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -212,75 +211,58 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
     K: Clock,
 {
-    fn acquire(
+    async fn acquire(
         &self,
         key: &BucketKey,
         limit: Limit,
         cost: u32,
         max_wait: Duration,
-    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
-        async move {
-            check_cost(&limit, cost)?;
-            let max_wait = u64::try_from(max_wait.as_millis()).unwrap_or(u64::MAX);
-            let args = Args {
-                op: Op::Acquire,
-                limit,
-                x: u64::from(cost),
-                max_wait,
-            };
-            Ok(Decision::new(self.run(key, args).await?, limit))
-        }
+    ) -> Result<Decision, StoreError> {
+        check_cost(&limit, cost)?;
+        let max_wait = u64::try_from(max_wait.as_millis()).unwrap_or(u64::MAX);
+        let args = Args {
+            op: Op::Acquire,
+            limit,
+            x: u64::from(cost),
+            max_wait,
+        };
+        Ok(Decision::new(self.run(key, args).await?, limit))
     }
 
-    fn peek(
-        &self,
-        key: &BucketKey,
-        limit: Limit,
-    ) -> impl Future<Output = Result<Quota, StoreError>> + Send {
-        async move {
-            let args = Args {
-                op: Op::Peek,
-                limit,
-                x: 0,
-                max_wait: 0,
-            };
-            Ok(Quota::new(self.run(key, args).await?, limit))
-        }
+    async fn peek(&self, key: &BucketKey, limit: Limit) -> Result<Quota, StoreError> {
+        let args = Args {
+            op: Op::Peek,
+            limit,
+            x: 0,
+            max_wait: 0,
+        };
+        Ok(Quota::new(self.run(key, args).await?, limit))
     }
 
-    fn refund(
-        &self,
-        key: &BucketKey,
-        limit: Limit,
-        cost: u32,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        async move {
-            check_cost(&limit, cost)?;
-            let args = Args {
-                op: Op::Refund,
-                limit,
-                x: u64::from(cost),
-                max_wait: 0,
-            };
-            self.run(key, args).await.map(drop)
-        }
+    async fn refund(&self, key: &BucketKey, limit: Limit, cost: u32) -> Result<(), StoreError> {
+        check_cost(&limit, cost)?;
+        let args = Args {
+            op: Op::Refund,
+            limit,
+            x: u64::from(cost),
+            max_wait: 0,
+        };
+        self.run(key, args).await.map(drop)
     }
 
-    fn drain_until(
+    async fn drain_until(
         &self,
         key: &BucketKey,
         limit: Limit,
         until: SystemTime,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        async move {
-            let args = Args {
-                op: Op::Drain,
-                limit,
-                x: deadline_ms(until),
-                max_wait: 0,
-            };
-            self.run(key, args).await.map(drop)
-        }
+    ) -> Result<(), StoreError> {
+        let args = Args {
+            op: Op::Drain,
+            limit,
+            x: deadline_ms(until),
+            max_wait: 0,
+        };
+        self.run(key, args).await.map(drop)
     }
 }
 

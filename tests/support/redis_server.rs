@@ -45,10 +45,10 @@ pub fn own_port() -> Option<u16> {
 static OWN_PORT: OnceLock<u16> = OnceLock::new();
 
 fn start() -> Result<String, String> {
-    if let Ok(url) = std::env::var("REDIS_URL") {
-        if !url.is_empty() {
-            return Ok(url);
-        }
+    if let Ok(url) = std::env::var("REDIS_URL")
+        && !url.is_empty()
+    {
+        return Ok(url);
     }
     let found = Command::new("redis-server")
         .arg("--version")
@@ -56,10 +56,12 @@ fn start() -> Result<String, String> {
         .stderr(Stdio::null())
         .status();
     if found.is_err() {
-        return Err("these tests need Redis, and `redis-server` is not on PATH: install it \
+        return Err(
+            "these tests need Redis, and `redis-server` is not on PATH: install it \
                     (`apt-get install redis-server` on Debian) or set REDIS_URL to a running \
                     server"
-            .into());
+                .into(),
+        );
     }
     let mut last = String::new();
     for _ in 0..5 {
@@ -89,7 +91,9 @@ fn start() -> Result<String, String> {
             Err(e) => last = e,
         }
     }
-    Err(format!("redis-server did not come up on a free port: {last}"))
+    Err(format!(
+        "redis-server did not come up on a free port: {last}"
+    ))
 }
 
 fn free_port() -> std::io::Result<u16> {
@@ -108,7 +112,9 @@ pub fn wait_for_pong(port: u16, limit: Duration) -> Result<(), String> {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    Err(format!("no PONG from 127.0.0.1:{port} within {limit:?}: {last}"))
+    Err(format!(
+        "no PONG from 127.0.0.1:{port} within {limit:?}: {last}"
+    ))
 }
 
 fn ping(port: u16) -> std::io::Result<()> {

@@ -12,7 +12,7 @@ use redis::aio::MultiplexedConnection;
 
 use super::{Args, Op, script};
 use crate::Limit;
-use crate::bucket::{self, MAX_TIME, Outcome, State};
+use crate::bucket::{self, MAX_TIME, State};
 
 #[path = "../../../tests/support/redis_server.rs"]
 mod redis_server;
@@ -167,7 +167,10 @@ async fn trace(
             x,
             max_wait,
         };
-        let _ = writeln!(log, "  step {step}: {op:?} now={now} x={x} max_wait={max_wait}");
+        let _ = writeln!(
+            log,
+            "  step {step}: {op:?} now={now} x={x} max_wait={max_wait}"
+        );
         // One transaction, so the key cannot expire between the script and the reads, and the
         // TTL is read at the time the script set it.
         let mut pipe = redis::pipe();
@@ -196,7 +199,9 @@ async fn trace(
         let slack = sent.elapsed().as_millis() as i64 + 1;
         let got = super::outcome(&reply).map_err(|e| format!("{log}  reply: {e}"))?;
         if got != expected {
-            return Err(format!("{log}  outcome: reference {expected:?}, lua {got:?}"));
+            return Err(format!(
+                "{log}  outcome: reference {expected:?}, lua {got:?}"
+            ));
         }
         let stored = match (t, ts) {
             (None, None) => None,
@@ -208,7 +213,9 @@ async fn trace(
         };
         let same = match (state, stored) {
             (None, None) => true,
-            (Some(a), Some(b)) => a.t.to_bits() == b.t.to_bits() && a.ts.to_bits() == b.ts.to_bits(),
+            (Some(a), Some(b)) => {
+                a.t.to_bits() == b.t.to_bits() && a.ts.to_bits() == b.ts.to_bits()
+            }
             _ => false,
         };
         if !same {
@@ -220,7 +227,9 @@ async fn trace(
             }
             // Every earlier write was made persistent: a TTL now means this step wrote.
             None if pttl >= 0 => {
-                return Err(format!("{log}  a step that must not write set a ttl of {pttl}"));
+                return Err(format!(
+                    "{log}  a step that must not write set a ttl of {pttl}"
+                ));
             }
             _ => {}
         }
@@ -259,7 +268,11 @@ fn traces() -> u64 {
 async fn lua_and_reference_agree_bit_for_bit() {
     let mut conn = connect().await;
     let lua = load(&mut conn, include_str!("../bucket.lua")).await;
-    assert_eq!(lua.get_hash(), script().get_hash(), "the store runs this same script");
+    assert_eq!(
+        lua.get_hash(),
+        script().get_hash(),
+        "the store runs this same script"
+    );
     let key = format!("{}:v1:diff:k", redis_server::unique_prefix());
     for seed in 0..traces() {
         if let Err(e) = trace(&mut conn, &lua, &key, seed).await {
@@ -270,28 +283,67 @@ async fn lua_and_reference_agree_bit_for_bit() {
 
 /// Single-line edits of the script's arithmetic, each of which the traces must catch.
 const MUTANTS: &[(&str, &str)] = &[
-    ("return e * tokens / interval", "return e * (tokens / interval)"),
+    (
+        "return e * tokens / interval",
+        "return e * (tokens / interval)",
+    ),
     ("while t + refill(e) < target do e = e + 1 end", ""),
-    ("while e > 0 and t + refill(e - 1) >= target do e = e - 1 end", ""),
-    ("if t >= target then return ts end", "if t >= target then return now end"),
-    ("local elapsed = max(0, now - ts)", "local elapsed = now - ts"),
-    ("local avail = min(capacity, t + refill(elapsed))", "local avail = t + refill(elapsed)"),
+    (
+        "while e > 0 and t + refill(e - 1) >= target do e = e - 1 end",
+        "",
+    ),
+    (
+        "if t >= target then return ts end",
+        "if t >= target then return now end",
+    ),
+    (
+        "local elapsed = max(0, now - ts)",
+        "local elapsed = now - ts",
+    ),
+    (
+        "local avail = min(capacity, t + refill(elapsed))",
+        "local avail = t + refill(elapsed)",
+    ),
     ("local ts2 = max(ts, now)", "local ts2 = now"),
     ("string.format('%.17g', t2)", "tostring(t2)"),
-    ("string.format('%d', full - now + interval)", "string.format('%d', full - now)"),
+    (
+        "string.format('%d', full - now + interval)",
+        "string.format('%d', full - now)",
+    ),
     ("if wait <= max_wait then", "if wait < max_wait then"),
     ("if max_wait > MAX_WAIT then max_wait = MAX_WAIT end", ""),
     ("if now > MAX_TIME then now = MAX_TIME end", ""),
-    ("return {1, wait, math.floor(max(0, t2)), full - now}", "return {1, wait, math.ceil(max(0, t2)), full - now}"),
-    ("return {0, wait, math.floor(max(0, avail)), ready_at(t, ts, capacity) - now}", "return {0, wait, math.floor(max(0, t)), ready_at(t, ts, capacity) - now}"),
-    ("    local ready = ready_at(t, ts, x)", "    local ready = ready_at(t, ts2, x)"),
-    ("over = max(0, t + refill(ready - ts) - capacity)", "over = 0"),
+    (
+        "return {1, wait, math.floor(max(0, t2)), full - now}",
+        "return {1, wait, math.ceil(max(0, t2)), full - now}",
+    ),
+    (
+        "return {0, wait, math.floor(max(0, avail)), ready_at(t, ts, capacity) - now}",
+        "return {0, wait, math.floor(max(0, t)), ready_at(t, ts, capacity) - now}",
+    ),
+    (
+        "    local ready = ready_at(t, ts, x)",
+        "    local ready = ready_at(t, ts2, x)",
+    ),
+    (
+        "over = max(0, t + refill(ready - ts) - capacity)",
+        "over = 0",
+    ),
     ("local t2 = avail - x - over", "local t2 = avail - x"),
-    ("local t2 = min(capacity, avail + x)", "local t2 = avail + x"),
+    (
+        "local t2 = min(capacity, avail + x)",
+        "local t2 = avail + x",
+    ),
     ("local t2 = min(avail, 0)", "local t2 = 0"),
-    ("local full = write(t2, max(ts2, x))", "local full = write(t2, x)"),
+    (
+        "local full = write(t2, max(ts2, x))",
+        "local full = write(t2, x)",
+    ),
     ("if x > MAX_TIME then x = MAX_TIME end", ""),
-    ("max(0, ready_at(t, ts, 1) - now)", "max(0, ready_at(t, ts, 1) - now - 1)"),
+    (
+        "max(0, ready_at(t, ts, 1) - now)",
+        "max(0, ready_at(t, ts, 1) - now - 1)",
+    ),
 ];
 
 #[tokio::test]
@@ -301,7 +353,11 @@ async fn every_single_line_mutant_of_the_script_is_caught() {
     let key = format!("{}:v1:mutant:k", redis_server::unique_prefix());
     let mut report = String::new();
     for (from, to) in MUTANTS {
-        assert_eq!(source.matches(from).count(), 1, "mutant no longer applies: {from}");
+        assert_eq!(
+            source.matches(from).count(),
+            1,
+            "mutant no longer applies: {from}"
+        );
         let lua = load(&mut conn, &source.replacen(from, to, 1)).await;
         let mut caught = None;
         for seed in 0..traces() {
@@ -314,7 +370,10 @@ async fn every_single_line_mutant_of_the_script_is_caught() {
             Some(seed) => {
                 let original = load(&mut conn, source).await;
                 let clean = trace(&mut conn, &original, &key, seed).await;
-                assert!(clean.is_ok(), "the unmutated script fails trace {seed}: {clean:?}");
+                assert!(
+                    clean.is_ok(),
+                    "the unmutated script fails trace {seed}: {clean:?}"
+                );
                 let _ = writeln!(report, "caught at trace {seed:>4}: {from:?} -> {to:?}");
             }
             None => panic!("no trace told the mutant apart: {from:?} -> {to:?}"),
