@@ -11,9 +11,16 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// A source of wall time in whole milliseconds since the Unix epoch.
 ///
 /// Buckets shared across hosts compare times written by different processes, so a clock must
-/// count from the same origin everywhere: the Unix epoch. Workers whose clocks disagree cost
-/// throughput but never exceed the limit by more than `min(capacity, skew × rate)` once: a clock
-/// behind the stored time refills nothing, and the stored time never moves backwards.
+/// count from the same origin everywhere: the Unix epoch. A clock behind the stored time refills
+/// nothing, and the stored time never moves backwards, so workers whose clocks disagree by `skew`
+/// cost throughput and exceed the limit at most once, by a bounded amount:
+///
+/// - plain decisions (`max_wait` zero): by at most `min(capacity, skew × rate)` tokens;
+/// - reservations: by at most `skew × rate` tokens, which can exceed the capacity. A reserved
+///   request goes out after its wait on its worker's own clock, so a worker that runs ahead sends
+///   its reservations early by its skew, and one that runs behind sends them late; their requests
+///   can bunch up by the skew between them. Keep clocks synchronised (NTP keeps them within
+///   milliseconds) where reservations are used against strict upstream limits.
 pub trait Clock: Send + Sync + 'static {
     /// Milliseconds since the Unix epoch.
     fn now_ms(&self) -> u64;
@@ -98,12 +105,12 @@ impl fmt::Debug for ManualClock {
     }
 }
 
-/// Wall time that advances with tokio's clock, so `#[tokio::test(start_paused = true)]` and
-/// [`tokio::time::advance`] drive the buckets.
+/// Wall time that advances with tokio's clock, so `#[tokio::test(start_paused = true)]` drives
+/// the buckets.
 ///
 /// It reads the wall clock once, when created, and from then on adds the time that
 /// [`tokio::time::Instant`] reports as passed. In a running program that is ordinary wall time;
-/// with tokio's time paused, it is the paused time. It must be created inside a tokio runtime
+/// with tokio's time paused, it is the paused time (moved by sleeps and by `tokio::time::advance`). It must be created inside a tokio runtime
 /// when time is paused, so that both readings come from the paused clock.
 #[derive(Debug, Clone, Copy)]
 pub struct TokioClock {

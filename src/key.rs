@@ -59,13 +59,7 @@ impl BucketKey {
     }
 
     fn build(bucket: &str, key: &[u8], hash: bool) -> Result<Self, InvalidKey> {
-        if bucket.is_empty() || bucket.len() > MAX_BUCKET_LEN {
-            return Err(InvalidKey::BucketName);
-        }
-        if !bucket
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
-        {
+        if !is_name(bucket) {
             return Err(InvalidKey::BucketName);
         }
         if key.is_empty() {
@@ -108,6 +102,13 @@ impl BucketKey {
     }
 }
 
+/// Whether `s` may name a bucket or a key prefix: it is written into store keys as it is.
+pub(crate) fn is_name(s: &str) -> bool {
+    (1..=MAX_BUCKET_LEN).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+}
+
 fn plain(b: u8) -> bool {
     b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'@' | b'/')
 }
@@ -133,6 +134,9 @@ pub enum InvalidKey {
     BucketName,
     /// The key was empty.
     EmptyKey,
+    /// A store's key prefix was empty, longer than 64 bytes, or had characters other than ASCII
+    /// letters, digits, `_`, `.` and `-`.
+    Prefix,
 }
 
 impl fmt::Display for InvalidKey {
@@ -142,6 +146,9 @@ impl fmt::Display for InvalidKey {
                 f.write_str("a bucket name must be 1 to 64 ascii letters, digits, '_', '.' or '-'")
             }
             Self::EmptyKey => f.write_str("a bucket key must not be empty"),
+            Self::Prefix => {
+                f.write_str("a key prefix must be 1 to 64 ascii letters, digits, '_', '.' or '-'")
+            }
         }
     }
 }

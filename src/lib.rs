@@ -201,8 +201,8 @@
 //! time exact in an `f64`, times are clamped to 2^53 − 1 ms (about 285,000 years after 1970),
 //! `max_wait` is clamped to 2^44 ms (about 557 years), and a [`Limit`]'s interval and refill time
 //! are each at most 2^42 ms. A clock behind the stored time refills nothing, and the stored time
-//! never moves backwards, so clock skew between workers can cost throughput but can let at most
-//! `min(burst, skew × rate)` extra tokens through, once.
+//! never moves backwards, so clock skew between workers costs throughput and cannot pile up extra
+//! admissions: the excess is bounded by the largest skew times the rate, once.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod bucket;
@@ -221,6 +221,7 @@ pub use store::{
     BackendError, BoxFuture, BucketStore, Decision, DynBucketStore, MemoryStore, Quota, StoreError,
 };
 
+// The README's Redis example needs the `redis` feature to compile.
 #[doc = include_str!("../README.md")]
-#[cfg(doctest)]
+#[cfg(all(doctest, feature = "redis"))]
 pub struct ReadmeDoctests;

@@ -151,7 +151,7 @@ impl Limit {
     pub(crate) fn params(&self) -> Params {
         Params {
             tokens: f64::from(self.tokens),
-            interval: self.interval_ms as f64,
+            interval: self.interval_ms() as f64,
             capacity: f64::from(self.burst),
         }
     }

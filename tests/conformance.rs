@@ -47,7 +47,7 @@ mod cases {
         let d = store.acquire(&k, orders, 1, ZERO).await.expect("decides");
         assert!(!d.is_admitted());
         assert_eq!(d.retry_after(), Some(Duration::from_secs(60)));
-        assert_eq!(d.reset_after(), Duration::from_secs(600));
+        assert_eq!(d.resets_in(), Duration::from_secs(600));
         assert_eq!(d.limit(), orders);
         clock.advance(Duration::from_millis(59_999));
         let d = store.acquire(&k, orders, 1, ZERO).await.expect("decides");

@@ -42,6 +42,41 @@ fn small_limit() -> impl Strategy<Value = Limit> {
 
 const START: u64 = 1_700_000_000_000;
 
+/// Two workers share a bucket: one on true time, one whose clock is `skew` ahead or behind.
+/// Returns the true times admitted requests go out, and the skew between the workers × rate.
+fn skewed(
+    limit: &Limit,
+    skew: u64,
+    steps: Vec<(u64, bool, bool)>,
+) -> Result<(Vec<(u64, u64)>, f64), TestCaseError> {
+    let p = limit.params();
+    let mut state: Option<State> = None;
+    let mut true_now = START;
+    let mut admissions = Vec::new();
+    let mut last_ts = 0.0;
+    for (dt, behind, reserve) in steps {
+        true_now += dt;
+        let now = if behind {
+            true_now - skew
+        } else {
+            true_now + skew
+        };
+        let max_wait = if reserve { limit.interval_ms() } else { 0 };
+        let (o, w) = evaluate(&p, state, now, 1.0, max_wait);
+        if o.allowed {
+            // A worker waits `wait` on its own clock; in true time that is the same span.
+            admissions.push((true_now + o.wait, 1));
+        }
+        if let Some(w) = w {
+            prop_assert!(w.state.ts >= last_ts, "stored time moved back");
+            last_ts = w.state.ts;
+            state = Some(w.state);
+        }
+    }
+    let rate = f64::from(limit.tokens()) / limit.interval_ms() as f64;
+    Ok((admissions, 2.0 * skew as f64 * rate))
+}
+
 /// Admissions as (time admitted, cost).
 fn admitted_at_most_burst_plus_rate(limit: &Limit, admissions: &[(u64, u64)], extra: f64) {
     let mut sorted = admissions.to_vec();
@@ -62,7 +97,10 @@ fn admitted_at_most_burst_plus_rate(limit: &Limit, admissions: &[(u64, u64)], ex
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(512))]
+    // 512 cases each by default; `PROPTEST_CASES` raises it for a longer run.
+    #![proptest_config(ProptestConfig::with_cases(
+        std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(512)
+    ))]
 
     #[test]
     fn a_full_bucket_admits_exactly_burst_at_once(limit in limit(), now in START..START * 2) {
@@ -208,34 +246,24 @@ proptest! {
     }
 
     #[test]
-    fn skew_over_admits_at_most_once_by_skew_times_rate(
+    fn skew_over_admits_plain_decisions_at_most_once_by_capped_skew_times_rate(
+        limit in small_limit(),
+        skew in 0u64..5_000,
+        steps in prop::collection::vec((0u64..300, prop::bool::ANY), 1..200),
+    ) {
+        let steps = steps.into_iter().map(|(dt, behind)| (dt, behind, false)).collect();
+        let (admissions, extra) = skewed(&limit, skew, steps)?;
+        let extra = extra.min(f64::from(limit.burst()));
+        admitted_at_most_burst_plus_rate(&limit, &admissions, extra);
+    }
+
+    #[test]
+    fn skew_over_admits_reservations_at_most_once_by_skew_times_rate(
         limit in small_limit(),
         skew in 0u64..5_000,
         steps in prop::collection::vec((0u64..300, prop::bool::ANY, prop::bool::ANY), 1..200),
     ) {
-        let p = limit.params();
-        let mut state: Option<State> = None;
-        let mut true_now = START;
-        let mut admissions = Vec::new();
-        let mut last_ts = 0.0;
-        for (dt, behind, reserve) in steps {
-            true_now += dt;
-            // Two workers: one on true time, one whose clock is `skew` ahead or behind.
-            let now = if behind { true_now - skew } else { true_now + skew };
-            let max_wait = if reserve { limit.interval_ms() } else { 0 };
-            let (o, w) = evaluate(&p, state, now, 1.0, max_wait);
-            if o.allowed {
-                // When it goes out in true time: the worker waits `wait` on its own clock.
-                admissions.push((true_now + o.wait, 1));
-            }
-            if let Some(w) = w {
-                prop_assert!(w.state.ts >= last_ts, "stored time moved back");
-                last_ts = w.state.ts;
-                state = Some(w.state);
-            }
-        }
-        let rate = f64::from(limit.tokens()) / limit.interval_ms() as f64;
-        let extra = f64::from(limit.burst()).min(2.0 * skew as f64 * rate);
+        let (admissions, extra) = skewed(&limit, skew, steps)?;
         admitted_at_most_burst_plus_rate(&limit, &admissions, extra);
     }
 

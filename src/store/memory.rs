@@ -29,8 +29,8 @@ const MIN_SWEEP_LEN: usize = 64;
 ///
 /// A bucket that has refilled to full says nothing a missing one would not (a missing bucket is a
 /// full one), so it is dropped. Each shard drops its full buckets when it is touched and a second
-/// has passed since its last sweep, or when it has doubled in size since then; [`sweep`]
-/// (Self::sweep) drops them from every shard at once. A million keys seen once therefore do not
+/// has passed since its last sweep, or when it has doubled in size since then; [`sweep`](Self::sweep)
+/// drops them from every shard at once. A million keys seen once therefore do not
 /// stay in memory longer than their refill time, once traffic or a sweep reaches their shard.
 ///
 /// ```

@@ -87,9 +87,15 @@ pub trait BucketStore: Send + Sync + 'static {
         cost: u32,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Empties the bucket until `until`: no tokens before it, refill from it. Debt from
-    /// reservations already made is kept. Used when the upstream answers 429 with a time to wait,
-    /// so that every worker sharing the bucket backs off.
+    /// Empties the bucket until `until`: no tokens before it, refill from it. Used when the
+    /// upstream answers 429 with a time to wait, so that every worker sharing the bucket backs
+    /// off, not only the one that was told.
+    ///
+    /// - The bucket is empty *at* `until`, so the first token arrives one token period
+    ///   (`interval / tokens`) after it. To let one request go at exactly `T`, drain until `T`
+    ///   minus one token period.
+    /// - Debt from reservations already made is kept, and refills from `until` on.
+    /// - A deadline already past still empties the bucket now.
     fn drain_until(
         &self,
         key: &BucketKey,
@@ -104,7 +110,7 @@ pub struct Decision {
     admitted: bool,
     wait: Duration,
     remaining: u32,
-    reset_after: Duration,
+    resets_in: Duration,
     limit: Limit,
 }
 
@@ -115,7 +121,7 @@ impl Decision {
             wait: Duration::from_millis(outcome.wait),
             // `remaining` never exceeds the burst, a `u32`.
             remaining: u32::try_from(outcome.remaining).unwrap_or(u32::MAX),
-            reset_after: Duration::from_millis(outcome.reset),
+            resets_in: Duration::from_millis(outcome.reset),
             limit,
         }
     }
@@ -144,8 +150,8 @@ impl Decision {
     }
 
     /// How long until the bucket is full again if nobody takes tokens.
-    pub fn reset_after(&self) -> Duration {
-        self.reset_after
+    pub fn resets_in(&self) -> Duration {
+        self.resets_in
     }
 
     /// The limit the decision was made under.

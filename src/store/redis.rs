@@ -93,8 +93,9 @@ where
     /// Puts every key under `prefix` instead of `burstgate`. The prefix follows the rule for
     /// bucket names: 1 to 64 ASCII letters, digits, `_`, `.` or `-`.
     pub fn with_prefix(self, prefix: &str) -> Result<Self, InvalidKey> {
-        // A prefix has the same shape as a bucket name; reuse its check.
-        BucketKey::new(prefix, "-")?;
+        if !crate::key::is_name(prefix) {
+            return Err(InvalidKey::Prefix);
+        }
         Ok(Self {
             prefix: Arc::from(prefix),
             ..self
