@@ -96,9 +96,19 @@ impl BucketKey {
     }
 
     /// `<bucket>:<escaped or hashed key>`: the part of the store key this identity contributes.
-    /// Safe to log.
     pub fn as_str(&self) -> &str {
         &self.id
+    }
+
+    /// A short hash of the identity (12 hex digits), to tell keys apart in logs without
+    /// showing them: an escaped key is still the caller's key, an IP address or an account.
+    pub fn fingerprint(&self) -> String {
+        let digest = Sha256::digest(self.id.as_bytes());
+        let mut out = String::with_capacity(12);
+        for b in &digest[..6] {
+            let _ = write!(out, "{b:02x}");
+        }
+        out
     }
 }
 

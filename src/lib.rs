@@ -207,12 +207,20 @@
 
 mod bucket;
 mod clock;
+mod error;
 mod key;
+#[cfg(feature = "tower")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
+pub mod layer;
 mod limit;
 mod store;
 
 pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
+pub use error::RateLimited;
 pub use key::{BucketKey, InvalidKey};
+#[cfg(feature = "tower")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
+pub use layer::RateLimitLayer;
 pub use limit::{InvalidLimit, Limit};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]

@@ -1,0 +1,172 @@
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use http::{HeaderValue, Request, Response};
+use pin_project_lite::pin_project;
+use tower_service::Service;
+
+use super::response::RATELIMIT;
+use super::service::{RefundGuard, Verdict};
+use crate::BucketStore;
+use crate::store::BoxFuture;
+
+pin_project! {
+    /// Response future of [`RateLimit`](super::RateLimit): decides, waits if the request
+    /// reserved tokens, then runs the inner service's call.
+    pub struct ResponseFuture<S, ReqBody, St>
+    where
+        S: Service<Request<ReqBody>>,
+        St: BucketStore,
+        St: Clone,
+    {
+        #[pin]
+        state: State<S, ReqBody, St>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<S, ReqBody, St>
+    where
+        S: Service<Request<ReqBody>>,
+        St: BucketStore,
+        St: Clone,
+    {
+        Deciding {
+            decision: BoxFuture<'static, Verdict<St, S::Response>>,
+            inner: Option<S>,
+            req: Option<Request<ReqBody>>,
+        },
+        Waiting {
+            #[pin]
+            sleep: tokio::time::Sleep,
+            guard: Option<RefundGuard<St>>,
+            inner: Option<S>,
+            req: Option<Request<ReqBody>>,
+            ratelimit: Option<HeaderValue>,
+        },
+        Calling {
+            #[pin]
+            fut: S::Future,
+            ratelimit: Option<HeaderValue>,
+        },
+        Done,
+    }
+}
+
+impl<S, ReqBody, St> ResponseFuture<S, ReqBody, St>
+where
+    S: Service<Request<ReqBody>>,
+    St: BucketStore + Clone,
+{
+    pub(crate) fn decide(
+        decision: BoxFuture<'static, Verdict<St, S::Response>>,
+        inner: S,
+        req: Request<ReqBody>,
+    ) -> Self {
+        Self {
+            state: State::Deciding {
+                decision,
+                inner: Some(inner),
+                req: Some(req),
+            },
+        }
+    }
+
+    pub(crate) fn call(
+        mut inner: S,
+        req: Request<ReqBody>,
+        ratelimit: Option<HeaderValue>,
+    ) -> Self {
+        Self {
+            state: State::Calling {
+                fut: inner.call(req),
+                ratelimit,
+            },
+        }
+    }
+}
+
+const POLLED_AFTER_DONE: &str = "burstgate::layer::ResponseFuture polled after completion";
+
+impl<S, ReqBody, St, ResBody> Future for ResponseFuture<S, ReqBody, St>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    St: BucketStore + Clone,
+{
+    type Output = Result<Response<ResBody>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Deciding {
+                    decision,
+                    inner,
+                    req,
+                } => {
+                    let verdict = ready!(decision.as_mut().poll(cx));
+                    let (Some(mut inner), Some(req)) = (inner.take(), req.take()) else {
+                        panic!("{POLLED_AFTER_DONE}");
+                    };
+                    match verdict {
+                        Verdict::Admit {
+                            wait,
+                            guard,
+                            ratelimit,
+                        } if wait.is_zero() => {
+                            guard.disarm();
+                            let fut = inner.call(req);
+                            this.state.set(State::Calling { fut, ratelimit });
+                        }
+                        Verdict::Admit {
+                            wait,
+                            guard,
+                            ratelimit,
+                        } => {
+                            this.state.set(State::Waiting {
+                                sleep: tokio::time::sleep(wait),
+                                guard: Some(guard),
+                                inner: Some(inner),
+                                req: Some(req),
+                                ratelimit,
+                            });
+                        }
+                        Verdict::Reject(res) | Verdict::Failed(res) => {
+                            this.state.set(State::Done);
+                            return Poll::Ready(Ok(res));
+                        }
+                    }
+                }
+                StateProj::Waiting {
+                    sleep,
+                    guard,
+                    inner,
+                    req,
+                    ratelimit,
+                } => {
+                    ready!(sleep.poll(cx));
+                    if let Some(guard) = guard.take() {
+                        guard.disarm();
+                    }
+                    let (Some(mut inner), Some(req)) = (inner.take(), req.take()) else {
+                        panic!("{POLLED_AFTER_DONE}");
+                    };
+                    let ratelimit = ratelimit.take();
+                    let fut = inner.call(req);
+                    this.state.set(State::Calling { fut, ratelimit });
+                }
+                StateProj::Calling { fut, ratelimit } => {
+                    let mut res = ready!(fut.poll(cx))?;
+                    if let Some(value) = ratelimit.take() {
+                        res.headers_mut().insert(RATELIMIT.clone(), value);
+                    }
+                    this.state.set(State::Done);
+                    return Poll::Ready(Ok(res));
+                }
+                StateProj::Done => panic!("{POLLED_AFTER_DONE}"),
+            }
+        }
+    }
+}

@@ -1,0 +1,145 @@
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderName, HeaderValue, StatusCode};
+use tower_layer::Layer;
+
+use super::response::Rejection;
+use super::{RateLimit, Rule};
+use crate::{BucketStore, RateLimited};
+
+/// Applies [`Rule`]s to every request of the wrapped service. See the [module docs](super).
+///
+/// Cheap to clone: the configuration is shared behind an `Arc`.
+pub struct RateLimitLayer<St> {
+    pub(crate) config: Arc<Config<St>>,
+}
+
+pub(crate) struct Config<St> {
+    pub(crate) store: St,
+    pub(crate) rules: Vec<Rule>,
+    pub(crate) max_wait: Duration,
+    pub(crate) headers_on_success: bool,
+    pub(crate) rejection: Rejection,
+}
+
+impl<St: Clone> Clone for Config<St> {
+    fn clone(&self) -> Self {
+        Self {
+            store: self.store.clone(),
+            rules: self.rules.clone(),
+            max_wait: self.max_wait,
+            headers_on_success: self.headers_on_success,
+            rejection: self.rejection.clone(),
+        }
+    }
+}
+
+impl<St: BucketStore + Clone> RateLimitLayer<St> {
+    /// A layer deciding on `store`, with no rules yet: add them with [`rule`](Self::rule).
+    ///
+    /// By default it never waits (a request over the limit is answered 429 at once, the usual
+    /// server-side choice) and adds a `RateLimit` field to admitted responses.
+    pub fn new(store: St) -> Self {
+        Self {
+            config: Arc::new(Config {
+                store,
+                rules: Vec::new(),
+                max_wait: Duration::ZERO,
+                headers_on_success: true,
+                rejection: Rejection::default(),
+            }),
+        }
+    }
+
+    /// Adds a rule. A request must pass every rule that applies to it, checked in the order
+    /// they were added.
+    #[must_use]
+    pub fn rule(mut self, rule: Rule) -> Self {
+        Arc::make_mut(&mut self.config).rules.push(rule);
+        self
+    }
+
+    /// Waits instead of rejecting: a request that its buckets can serve within `max_wait`
+    /// reserves its tokens and is passed on once they have refilled, in arrival order; only
+    /// one beyond the ceiling is rejected. Zero (the default) never waits.
+    #[must_use]
+    pub fn max_wait(mut self, max_wait: Duration) -> Self {
+        Arc::make_mut(&mut self.config).max_wait = max_wait;
+        self
+    }
+
+    /// Whether admitted responses carry the `RateLimit` field (default: yes). Rejections always
+    /// carry `Retry-After`, `RateLimit-Policy` and `RateLimit`.
+    #[must_use]
+    pub fn headers_on_success(mut self, on: bool) -> Self {
+        Arc::make_mut(&mut self.config).headers_on_success = on;
+        self
+    }
+
+    /// The status of a rejection (default: 429 Too Many Requests).
+    #[must_use]
+    pub fn rejection_status(mut self, status: StatusCode) -> Self {
+        Arc::make_mut(&mut self.config).rejection.status = status;
+        self
+    }
+
+    /// Adds a header to every rejection (it replaces one of the same name set by the layer).
+    #[must_use]
+    pub fn rejection_header(mut self, name: HeaderName, value: HeaderValue) -> Self {
+        Arc::make_mut(&mut self.config)
+            .rejection
+            .headers
+            .insert(name, value);
+        self
+    }
+
+    /// The body of a rejection, made from the [`RateLimited`] it reports (default: a line of
+    /// text with the seconds to wait).
+    #[must_use]
+    pub fn rejection_body(
+        mut self,
+        body: impl Fn(&RateLimited) -> String + Send + Sync + 'static,
+    ) -> Self {
+        Arc::make_mut(&mut self.config).rejection.body = Some(Arc::new(body));
+        self
+    }
+}
+
+impl<S, St> Layer<S> for RateLimitLayer<St> {
+    type Service = RateLimit<S, St>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RateLimit {
+            inner,
+            config: Arc::clone(&self.config),
+        }
+    }
+}
+
+impl<St> Clone for RateLimitLayer<St> {
+    fn clone(&self) -> Self {
+        Self {
+            config: Arc::clone(&self.config),
+        }
+    }
+}
+
+impl<St: fmt::Debug> fmt::Debug for RateLimitLayer<St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.config.fmt(f)
+    }
+}
+
+impl<St: fmt::Debug> fmt::Debug for Config<St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitLayer")
+            .field("store", &self.store)
+            .field("rules", &self.rules)
+            .field("max_wait", &self.max_wait)
+            .field("headers_on_success", &self.headers_on_success)
+            .field("rejection_status", &self.rejection.status)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,96 @@
+//! A tower layer that rate-limits HTTP requests: [`RateLimitLayer`].
+//!
+//! Put it on any tower HTTP service (axum, hyper, tonic, tower-http clients) to give each client,
+//! API key or the whole service a token bucket with burst. Each [`Rule`] names a bucket, a
+//! [`Limit`](crate::Limit) and a [`KeyExtractor`]; a request must pass every rule that applies.
+//!
+//! ```
+//! use std::convert::Infallible;
+//! use burstgate::{Limit, MemoryStore};
+//! use burstgate::layer::{KeyExtractor, RateLimitLayer, Rule};
+//! use http::{HeaderName, Request, Response, StatusCode};
+//! use tower::{Layer, Service, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let layer = RateLimitLayer::new(MemoryStore::new()).rule(Rule::new(
+//!     "per-key",
+//!     Limit::per_second(10)?.with_burst(2)?,
+//!     KeyExtractor::header(HeaderName::from_static("x-api-key")),
+//! )?);
+//! let mut svc = layer.layer(tower::service_fn(|_req: Request<String>| async {
+//!     Ok::<_, Infallible>(Response::new(String::from("hello")))
+//! }));
+//!
+//! let request = || Request::builder().header("x-api-key", "k1").body(String::new());
+//! for _ in 0..2 {
+//!     let res = svc.ready().await?.call(request()?).await?;
+//!     assert_eq!(res.status(), StatusCode::OK);
+//!     assert!(res.headers().contains_key("ratelimit"));
+//! }
+//! let res = svc.ready().await?.call(request()?).await?;
+//! assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+//! assert_eq!(res.headers()["retry-after"], "1");
+//! assert_eq!(res.headers()["ratelimit-policy"], "\"per-key\";q=2;w=1");
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Deciding in `call`, not in `poll_ready`
+//!
+//! tower's own `RateLimit` makes the whole service unready while its single budget is spent.
+//! This layer decides per request, in `call`, because the budget is per key: one client over its
+//! limit must not hold up the others. `poll_ready` is the inner service's alone, and the inner
+//! service made ready moves into the response future (the clone stays behind), as tower-service's
+//! docs advise. The service is `Clone` when the inner one is, so axum takes it without a
+//! `Buffer`.
+//!
+//! # Answers
+//!
+//! - Admitted: the inner service's response, with a `RateLimit` field
+//!   (`"<rule>";r=<remaining>;t=<seconds until the next token>`, one item per rule that applied;
+//!   turn off with [`RateLimitLayer::headers_on_success`]).
+//! - Refused: `429 Too Many Requests` with `Retry-After` (whole seconds, rounded up, never 0),
+//!   `RateLimit-Policy` (`"<rule>";q=<burst>;w=<seconds to refill from empty>`) and `RateLimit`,
+//!   in the form of draft-ietf-httpapi-ratelimit-headers-10, and a short text body. Status, body
+//!   and extra headers can be changed on the layer. A client that waits `Retry-After` seconds
+//!   and retries is admitted, unless others spent the tokens first.
+//! - Store failure (Redis down, a timeout): `503 Service Unavailable` with a short body, and a
+//!   `tracing` error event. A cost of zero or above a rule's burst: `500`, also logged.
+//!
+//! Rejections are responses, not errors: the service's error type is the inner service's.
+//! Response bodies are built with `From<String>`, which axum's `Body`, `String` and
+//! `http_body_util::Full<Bytes>` implement.
+//!
+//! # Several rules
+//!
+//! Rules are checked in the order they were added, each taking its tokens. When one refuses,
+//! the tokens already taken for that request by earlier rules are refunded before the 429 is
+//! sent, so a refused request spends nothing (between the take and the refund, those tokens are
+//! briefly unavailable to others: the safe direction).
+//!
+//! # Waiting
+//!
+//! With [`RateLimitLayer::max_wait`] above zero, a request that its buckets can serve within the
+//! ceiling reserves its tokens (one store call per rule, no retries) and is passed to the inner
+//! service once they have refilled, after an asynchronous tokio sleep; waiting requests go in
+//! arrival order. Dropping the response future while it waits (the client went away) refunds the
+//! reservation on a spawned task. The default is no waiting, the usual choice for a server; a
+//! client-side tower stack can set a ceiling instead of failing.
+//!
+//! # Logs
+//!
+//! `tracing` events at debug level for each admitted and refused request carry the rule, a short
+//! fingerprint of the key (never the raw key or header value), the tokens remaining and the wait.
+
+mod future;
+#[allow(clippy::module_inception)] // the tower-http layout: layer.rs, service.rs, future.rs
+mod layer;
+mod response;
+mod rule;
+mod service;
+
+pub use self::future::ResponseFuture;
+pub use self::layer::RateLimitLayer;
+pub use self::rule::{KeyExtractor, Rule};
+pub use self::service::RateLimit;

@@ -1,0 +1,247 @@
+use std::fmt;
+use std::mem;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::{Request, Response};
+use tower_service::Service;
+
+use super::future::ResponseFuture;
+use super::layer::Config;
+use super::response::{self, Item};
+use crate::{BucketKey, BucketStore, Decision, Limit, RateLimited, StoreError};
+
+/// The service [`RateLimitLayer`](super::RateLimitLayer) wraps around another.
+///
+/// `Clone` whenever the inner service is, so it works in axum without a `Buffer`.
+pub struct RateLimit<S, St> {
+    pub(crate) inner: S,
+    pub(crate) config: Arc<Config<St>>,
+}
+
+impl<S, St, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, St>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+    St: BucketStore + Clone,
+    ResBody: From<String> + Send + 'static,
+{
+    type Response = Response<ResBody>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, ReqBody, St>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // Readiness is the inner service's alone: the limit is decided per request in `call`,
+        // so one client over its limit never makes the service unready for the others.
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        let (parts, body) = req.into_parts();
+        let plan: Vec<Planned> = self
+            .config
+            .rules
+            .iter()
+            .enumerate()
+            .filter_map(|(rule, r)| {
+                r.plan(&parts)
+                    .map(|(key, cost)| Planned { rule, key, cost })
+            })
+            .collect();
+        let req = Request::from_parts(parts, body);
+        // The clone stays here; the service that was made ready goes with this request.
+        let clone = self.inner.clone();
+        let inner = mem::replace(&mut self.inner, clone);
+        if plan.is_empty() {
+            return ResponseFuture::call(inner, req, None);
+        }
+        let decision = Box::pin(decide(Arc::clone(&self.config), plan));
+        ResponseFuture::decide(decision, inner, req)
+    }
+}
+
+/// One rule that applies to a request: its bucket and the request's cost there.
+pub(crate) struct Planned {
+    rule: usize,
+    key: BucketKey,
+    cost: u32,
+}
+
+/// What the rules decided for one request.
+pub(crate) enum Verdict<St: BucketStore + Clone, R> {
+    /// Go, after `wait`. The guard gives the tokens back if the request is dropped before then.
+    Admit {
+        wait: Duration,
+        guard: RefundGuard<St>,
+        ratelimit: Option<http::HeaderValue>,
+    },
+    /// A rule refused; everything taken by earlier rules has been given back.
+    Reject(R),
+    /// The store could not decide.
+    Failed(R),
+}
+
+/// Checks every rule in order, taking (or reserving) tokens as it goes. When a rule refuses,
+/// the tokens taken by the rules before it are given back before answering, so a refused request
+/// spends nothing.
+pub(crate) async fn decide<St: BucketStore + Clone, B: From<String>>(
+    config: Arc<Config<St>>,
+    plan: Vec<Planned>,
+) -> Verdict<St, Response<B>> {
+    let mut guard = RefundGuard {
+        store: config.store.clone(),
+        taken: Vec::with_capacity(plan.len()),
+    };
+    let mut decisions: Vec<(usize, Decision)> = Vec::with_capacity(plan.len());
+    let mut wait = Duration::ZERO;
+    for p in plan {
+        let rule = &config.rules[p.rule];
+        let result = config
+            .store
+            .acquire(&p.key, rule.limit, p.cost, config.max_wait)
+            .await;
+        match result {
+            Ok(d) if d.is_admitted() => {
+                tracing::debug!(
+                    bucket = rule.bucket(),
+                    key = %p.key.fingerprint(),
+                    remaining = d.remaining(),
+                    wait_ms = d.wait().as_millis() as u64,
+                    "admitted"
+                );
+                wait = wait.max(d.wait());
+                guard.taken.push((p.key, rule.limit, p.cost));
+                decisions.push((p.rule, d));
+            }
+            Ok(d) => {
+                let retry = d.retry_after().unwrap_or(Duration::ZERO);
+                tracing::debug!(
+                    bucket = rule.bucket(),
+                    key = %p.key.fingerprint(),
+                    remaining = d.remaining(),
+                    retry_ms = retry.as_millis() as u64,
+                    "rate limited"
+                );
+                guard.refund_all().await;
+                let limited = RateLimited::new(retry, rule.limit, rule.bucket(), d.remaining());
+                let policy = response::policy(
+                    decisions
+                        .iter()
+                        .map(|(i, _)| *i)
+                        .chain([p.rule])
+                        .map(|i| (config.rules[i].bucket(), config.rules[i].limit)),
+                );
+                let denied = Item {
+                    name: rule.bucket(),
+                    remaining: d.remaining(),
+                    next: retry,
+                };
+                let items = decisions
+                    .iter()
+                    .map(|(i, d)| Item::admitted(config.rules[*i].bucket(), d))
+                    .chain([denied]);
+                let ratelimit = response::ratelimit(items);
+                return Verdict::Reject(config.rejection.respond(&limited, policy, ratelimit));
+            }
+            Err(e) => {
+                guard.refund_all().await;
+                return Verdict::Failed(failure(rule.bucket(), &e));
+            }
+        }
+    }
+    let ratelimit = if config.headers_on_success {
+        response::ratelimit(
+            decisions
+                .iter()
+                .map(|(i, d)| Item::admitted(config.rules[*i].bucket(), d)),
+        )
+    } else {
+        None
+    };
+    Verdict::Admit {
+        wait,
+        guard,
+        ratelimit,
+    }
+}
+
+fn failure<B: From<String>>(bucket: &str, e: &StoreError) -> Response<B> {
+    match e {
+        StoreError::ZeroCost | StoreError::CostAboveCapacity { .. } => {
+            tracing::error!(bucket, error = %e, "rate limit rule misconfigured");
+            response::failure(
+                http::StatusCode::INTERNAL_SERVER_ERROR,
+                "rate limit rule misconfigured",
+            )
+        }
+        _ => {
+            tracing::error!(bucket, error = %e, "rate limit store failed; answering 503");
+            response::failure(
+                http::StatusCode::SERVICE_UNAVAILABLE,
+                "rate limiter unavailable, try again shortly",
+            )
+        }
+    }
+}
+
+/// Tokens taken for a request that has not reached the inner service yet. Dropped armed (the
+/// client went away while the request waited), it gives them back on a spawned task.
+pub(crate) struct RefundGuard<St: BucketStore + Clone> {
+    store: St,
+    taken: Vec<(BucketKey, Limit, u32)>,
+}
+
+impl<St: BucketStore + Clone> RefundGuard<St> {
+    async fn refund_all(&mut self) {
+        for (key, limit, cost) in self.taken.drain(..) {
+            if let Err(e) = self.store.refund(&key, limit, cost).await {
+                tracing::warn!(bucket = key.bucket(), error = %e, "refund failed");
+            }
+        }
+    }
+
+    /// The request is going to the inner service: its tokens are spent.
+    pub(crate) fn disarm(mut self) {
+        self.taken.clear();
+    }
+}
+
+impl<St: BucketStore + Clone> Drop for RefundGuard<St> {
+    fn drop(&mut self) {
+        if self.taken.is_empty() {
+            return;
+        }
+        let taken = mem::take(&mut self.taken);
+        let store = self.store.clone();
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(async move {
+                    let mut guard = RefundGuard { store, taken };
+                    guard.refund_all().await;
+                });
+            }
+            Err(_) => tracing::warn!(
+                requests = taken.len(),
+                "no tokio runtime to refund an abandoned reservation on"
+            ),
+        }
+    }
+}
+
+impl<S: fmt::Debug, St> fmt::Debug for RateLimit<S, St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimit")
+            .field("inner", &self.inner)
+            .field("rules", &self.config.rules)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: Clone, St> Clone for RateLimit<S, St> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            config: Arc::clone(&self.config),
+        }
+    }
+}
