@@ -180,18 +180,27 @@
 //! | Feature   | Default | What it enables |
 //! |-----------|---------|-----------------|
 //! | `redis`   | yes     | [`RedisStore`], on redis-rs with tokio. |
-//! | `tower`   | no      | Reserved for the tower `RateLimitLayer`, which lands in a later release. Today it only pulls in its dependencies and adds no API. |
+//! | `tower`   | no      | The tower layer `RateLimitLayer` in [`layer`], for HTTP services (axum, hyper, tonic, tower-http clients). |
+//! | `axum`    | no      | Lets [`layer::KeyExtractor::peer_ip`] read axum's `ConnectInfo<SocketAddr>`; implies `tower`. |
 //! | `reqwest` | no      | Reserved for the reqwest `RateLimitMiddleware`, which lands in a later release. Today it only pulls in its dependencies and adds no API. |
 //!
 //! Without any feature, the crate is [`MemoryStore`] and the types around it.
+//!
+//! # Protecting a service
+//!
+//! With the `tower` feature, [`RateLimitLayer`] puts [`layer::Rule`]s on any tower HTTP service:
+//! a request over its limit is answered `429 Too Many Requests` with `Retry-After` and the IETF
+//! `RateLimit-Policy` / `RateLimit` fields, and never reaches the service. The [`layer`] module
+//! explains how it decides (per request, in `call`), how several rules combine, and its waiting
+//! mode.
 //!
 //! # When the store fails
 //!
 //! A failed Redis call (connection lost, timeout, an unexpected reply) is returned as
 //! [`StoreError::Backend`], with the redis-rs error as its [`source`](std::error::Error::source);
 //! a key of the wrong type under the prefix is [`StoreError::WrongType`], naming the key. The
-//! caller decides what to do. Configurable outage policies (fail open, fail closed, fall back to
-//! a local bucket) come in a later release.
+//! caller decides what to do; the tower layer answers `503 Service Unavailable`. Configurable
+//! outage policies (fail open, fail closed, fall back to a local bucket) come in a later release.
 //!
 //! # Arithmetic and units
 //!
