@@ -7,9 +7,10 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::response::RATELIMIT;
-use super::service::{RefundGuard, Verdict};
+use super::service::Verdict;
 use crate::BucketStore;
 use crate::store::BoxFuture;
+use crate::store::RefundGuard;
 
 pin_project! {
     /// Response future of [`RateLimit`](super::RateLimit): decides, waits if the request

@@ -10,7 +10,8 @@ use tower_service::Service;
 use super::future::ResponseFuture;
 use super::layer::Config;
 use super::response::{self, Item};
-use crate::{BucketKey, BucketStore, Decision, Limit, RateLimited, StoreError};
+use crate::store::RefundGuard;
+use crate::{BucketKey, BucketStore, Decision, RateLimited, StoreError};
 
 /// The service [`RateLimitLayer`](super::RateLimitLayer) wraps around another.
 ///
@@ -88,10 +89,7 @@ pub(crate) async fn decide<St: BucketStore + Clone, B: From<String>>(
     config: Arc<Config<St>>,
     plan: Vec<Planned>,
 ) -> Verdict<St, Response<B>> {
-    let mut guard = RefundGuard {
-        store: config.store.clone(),
-        taken: Vec::with_capacity(plan.len()),
-    };
+    let mut guard = RefundGuard::new(config.store.clone());
     let mut decisions: Vec<(usize, Decision)> = Vec::with_capacity(plan.len());
     let mut wait = Duration::ZERO;
     for p in plan {
@@ -110,7 +108,7 @@ pub(crate) async fn decide<St: BucketStore + Clone, B: From<String>>(
                     "admitted"
                 );
                 wait = wait.max(d.wait());
-                guard.taken.push((p.key, rule.limit, p.cost));
+                guard.push(p.key, rule.limit, p.cost);
                 decisions.push((p.rule, d));
             }
             Ok(d) => {
@@ -180,50 +178,6 @@ fn failure<B: From<String>>(bucket: &str, e: &StoreError) -> Response<B> {
                 http::StatusCode::SERVICE_UNAVAILABLE,
                 "rate limiter unavailable, try again shortly",
             )
-        }
-    }
-}
-
-/// Tokens taken for a request that has not reached the inner service yet. Dropped armed (the
-/// client went away while the request waited), it gives them back on a spawned task.
-pub(crate) struct RefundGuard<St: BucketStore + Clone> {
-    store: St,
-    taken: Vec<(BucketKey, Limit, u32)>,
-}
-
-impl<St: BucketStore + Clone> RefundGuard<St> {
-    async fn refund_all(&mut self) {
-        for (key, limit, cost) in self.taken.drain(..) {
-            if let Err(e) = self.store.refund(&key, limit, cost).await {
-                tracing::warn!(bucket = key.bucket(), error = %e, "refund failed");
-            }
-        }
-    }
-
-    /// The request is going to the inner service: its tokens are spent.
-    pub(crate) fn disarm(mut self) {
-        self.taken.clear();
-    }
-}
-
-impl<St: BucketStore + Clone> Drop for RefundGuard<St> {
-    fn drop(&mut self) {
-        if self.taken.is_empty() {
-            return;
-        }
-        let taken = mem::take(&mut self.taken);
-        let store = self.store.clone();
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => {
-                rt.spawn(async move {
-                    let mut guard = RefundGuard { store, taken };
-                    guard.refund_all().await;
-                });
-            }
-            Err(_) => tracing::warn!(
-                requests = taken.len(),
-                "no tokio runtime to refund an abandoned reservation on"
-            ),
         }
     }
 }

@@ -35,6 +35,10 @@ use std::time::{Duration, SystemTime};
 use crate::bucket::Outcome;
 use crate::{BucketKey, Limit};
 
+#[cfg(feature = "tower")]
+mod guard;
+#[cfg(feature = "tower")]
+pub(crate) use guard::RefundGuard;
 mod memory;
 pub use memory::MemoryStore;
 
