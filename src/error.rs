@@ -18,7 +18,7 @@ pub struct RateLimited {
 }
 
 impl RateLimited {
-    #[cfg_attr(not(feature = "tower"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "tower", feature = "reqwest")), allow(dead_code))]
     pub(crate) fn new(retry_after: Duration, limit: Limit, bucket: &str, remaining: u32) -> Self {
         Self {
             retry_after,

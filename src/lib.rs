@@ -222,6 +222,9 @@ mod key;
 #[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 pub mod layer;
 mod limit;
+#[cfg(feature = "reqwest")]
+#[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
+pub mod middleware;
 mod store;
 
 pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
@@ -231,6 +234,9 @@ pub use key::{BucketKey, InvalidKey};
 #[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 pub use layer::RateLimitLayer;
 pub use limit::{InvalidLimit, Limit};
+#[cfg(feature = "reqwest")]
+#[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
+pub use middleware::RateLimitMiddleware;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use store::RedisStore;

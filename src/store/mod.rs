@@ -35,9 +35,9 @@ use std::time::{Duration, SystemTime};
 use crate::bucket::Outcome;
 use crate::{BucketKey, Limit};
 
-#[cfg(feature = "tower")]
+#[cfg(any(feature = "tower", feature = "reqwest"))]
 mod guard;
-#[cfg(feature = "tower")]
+#[cfg(any(feature = "tower", feature = "reqwest"))]
 pub(crate) use guard::RefundGuard;
 mod memory;
 pub use memory::MemoryStore;

@@ -1,0 +1,653 @@
+//! The client side: [`RateLimitMiddleware`] for `reqwest_middleware`.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use http::{Extensions, HeaderMap, HeaderName, Method, StatusCode};
+use reqwest::{Request, Response};
+use reqwest_middleware::{Middleware, Next};
+
+use crate::clock::{Clock, SystemClock};
+use crate::key::is_name;
+use crate::store::RefundGuard;
+use crate::{BucketKey, BucketStore, InvalidKey, Limit, RateLimited};
+
+/// The longest an upstream 429 may make every worker back off, unless set otherwise.
+const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(600);
+
+/// A `reqwest_middleware` middleware that spends a shared budget before each request, waits its
+/// turn, and never sends a request the budget does not allow.
+///
+/// ```
+/// use std::time::Duration;
+/// use burstgate::{Limit, MemoryStore};
+/// use burstgate::middleware::{Account, RateLimitMiddleware, Route};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let orders = Limit::per_minute(1)?.with_burst(10)?;
+/// let middleware = RateLimitMiddleware::new(MemoryStore::new())
+///     .route(Route::new("orders", orders, "/api/v1/supplier/orders")?)
+///     .account_header(http::header::AUTHORIZATION);
+/// let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+///     .with(middleware)
+///     .build();
+/// # let _ = client;
+/// # Ok(())
+/// # }
+/// ```
+///
+/// # What it does per request
+///
+/// 1. Finds the first [`Route`] that matches the request (method, host, path pattern). A request
+///    no route matches passes through, or draws from the [`default_route`](Self::default_route)
+///    when one is set.
+/// 2. Finds the account that owns the budget: an [`Account`] extension on the request
+///    (`RequestBuilder::with_extension`), else the [`account_header`](Self::account_header)'s
+///    value, hashed. With neither, the route's single shared bucket (key `-`) is used.
+/// 3. Reserves one token (see [`BucketStore::acquire`]) with a ceiling of
+///    [`max_wait`](Self::max_wait), by default two token periods
+///    ([`Limit::default_max_wait`]): two minutes for "1 per minute". Within the ceiling it sleeps
+///    (a tokio timer) until its turn, in arrival order with every other worker sharing the
+///    bucket, and sends. Beyond it, the request is not sent: the middleware returns a
+///    [`RateLimited`] error, the "local 429". Dropping the request future while it waits gives
+///    the reservation back.
+/// 4. Reads the answer. A `429` from the upstream drains the shared bucket until the time the
+///    upstream gave (`X-Ratelimit-Retry`, else `Retry-After`, in seconds or as an HTTP date), so
+///    that every worker in every process backs off, not only the one that was told; without such
+///    a header, for one token period. A malformed value is ignored and an absurd one clamped to
+///    [`max_backoff`](Self::max_backoff), each with a warning. Other `4xx` answers can be made to
+///    cost more ([`error_cost`](Self::error_cost)). The response itself is returned unchanged.
+///
+/// # Getting the local 429 back
+///
+/// It is a `reqwest_middleware::Error::Middleware` holding a [`RateLimited`]:
+///
+/// ```
+/// # use burstgate::RateLimited;
+/// fn retry_after(err: &reqwest_middleware::Error) -> Option<std::time::Duration> {
+///     match err {
+///         reqwest_middleware::Error::Middleware(e) => {
+///             e.downcast_ref::<RateLimited>().map(RateLimited::retry_after)
+///         }
+///         _ => None,
+///     }
+/// }
+/// ```
+///
+/// A store failure is a `Middleware` error holding the [`StoreError`](crate::StoreError).
+///
+/// # With retries
+///
+/// Put a retry middleware (reqwest-retry's `RetryTransientMiddleware`) *before* this one in the
+/// `ClientBuilder`, so that each retry passes through the limiter again and spends its own
+/// token; the upstream 429 this middleware has already fed back to the bucket then makes the
+/// retry wait its turn instead of hammering the API.
+pub struct RateLimitMiddleware<St, K = SystemClock> {
+    store: St,
+    clock: K,
+    config: Arc<Config>,
+}
+
+#[derive(Debug, Clone)]
+struct Config {
+    routes: Vec<Route>,
+    default: Option<Route>,
+    account_header: Option<HeaderName>,
+    max_wait: Option<Duration>,
+    error_cost: u32,
+    max_backoff: Duration,
+}
+
+impl<St: BucketStore + Clone> RateLimitMiddleware<St, SystemClock> {
+    /// A middleware deciding on `store`, with no routes yet, on the system clock.
+    pub fn new(store: St) -> Self {
+        Self {
+            store,
+            clock: SystemClock,
+            config: Arc::new(Config {
+                routes: Vec::new(),
+                default: None,
+                account_header: None,
+                max_wait: None,
+                error_cost: 1,
+                max_backoff: DEFAULT_MAX_BACKOFF,
+            }),
+        }
+    }
+}
+
+impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
+    /// Adds a route. Routes are tried in the order they were added; the first match wins.
+    #[must_use]
+    pub fn route(mut self, route: Route) -> Self {
+        Arc::make_mut(&mut self.config).routes.push(route);
+        self
+    }
+
+    /// Adds several routes at once.
+    #[must_use]
+    pub fn routes(mut self, routes: impl IntoIterator<Item = Route>) -> Self {
+        Arc::make_mut(&mut self.config).routes.extend(routes);
+        self
+    }
+
+    /// The route for requests no other route matches (its path pattern is not used). Without
+    /// one, such requests pass through unlimited.
+    #[must_use]
+    pub fn default_route(mut self, route: Route) -> Self {
+        Arc::make_mut(&mut self.config).default = Some(route);
+        self
+    }
+
+    /// Takes the account from this header (such as `Authorization`) when the request has no
+    /// [`Account`] extension. The value is hashed before it becomes part of a key, and never
+    /// stored or logged in clear.
+    #[must_use]
+    pub fn account_header(mut self, name: HeaderName) -> Self {
+        Arc::make_mut(&mut self.config).account_header = Some(name);
+        self
+    }
+
+    /// The longest a request may wait for its turn before it fails with the local 429. By
+    /// default two token periods of the route's limit.
+    #[must_use]
+    pub fn max_wait(mut self, max_wait: Duration) -> Self {
+        Arc::make_mut(&mut self.config).max_wait = Some(max_wait);
+        self
+    }
+
+    /// What a `4xx` answer (other than 429) costs in all, in tokens, when the upstream counts
+    /// errors against the budget (a seller API may count one as 10 requests). The extra tokens
+    /// are taken after the answer arrives, as debt that later requests wait off. Default 1.
+    #[must_use]
+    pub fn error_cost(mut self, tokens: u32) -> Self {
+        Arc::make_mut(&mut self.config).error_cost = tokens.max(1);
+        self
+    }
+
+    /// The longest an upstream 429 may drain the bucket for (default ten minutes): a larger
+    /// `Retry-After` is clamped to it, with a warning.
+    #[must_use]
+    pub fn max_backoff(mut self, max_backoff: Duration) -> Self {
+        Arc::make_mut(&mut self.config).max_backoff = max_backoff;
+        self
+    }
+
+    /// Reads the time for upstream back-offs from `clock`; use the store's clock.
+    #[must_use]
+    pub fn with_clock<K2: Clock + Clone>(self, clock: K2) -> RateLimitMiddleware<St, K2> {
+        RateLimitMiddleware {
+            store: self.store,
+            clock,
+            config: self.config,
+        }
+    }
+
+    fn route_for(&self, req: &Request) -> Option<&Route> {
+        let config = &self.config;
+        config
+            .routes
+            .iter()
+            .find(|r| r.matches(req.method(), req.url()))
+            .or(config.default.as_ref())
+    }
+
+    fn key(&self, route: &Route, req: &Request, extensions: &Extensions) -> BucketKey {
+        let bucket = &route.bucket;
+        let key = match extensions.get::<Account>() {
+            Some(account) => account.key(bucket),
+            None => self
+                .config
+                .account_header
+                .as_ref()
+                .and_then(|name| req.headers().get(name))
+                .and_then(|v| BucketKey::hashed(bucket, v.as_bytes()).ok()),
+        };
+        // The bucket name was checked when the route was made, and "-" is a valid key.
+        key.or_else(|| BucketKey::new(bucket, "-").ok())
+            .unwrap_or_else(|| unreachable!("a checked bucket name with key \"-\" is valid"))
+    }
+
+    /// Feeds the upstream's answer back into the shared bucket.
+    async fn feedback(&self, key: &BucketKey, limit: Limit, res: &Response) {
+        let status = res.status();
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            let told = upstream_retry(res.headers(), self.clock.now());
+            let retry = match told {
+                Some(retry) if retry > self.config.max_backoff => {
+                    tracing::warn!(
+                        bucket = key.bucket(),
+                        retry_s = retry.as_secs(),
+                        max_s = self.config.max_backoff.as_secs(),
+                        "upstream asked for a longer back-off than allowed; clamped"
+                    );
+                    self.config.max_backoff
+                }
+                Some(retry) => retry,
+                None => token_period(limit),
+            };
+            // The bucket is empty at the deadline and refills from there, so drain until one
+            // token period before the time the upstream gave: the first token is then ready at
+            // that time, not a period later.
+            let until = self.clock.now() + retry;
+            let until = until.checked_sub(token_period(limit)).unwrap_or(until);
+            tracing::debug!(
+                bucket = key.bucket(),
+                key = %key.fingerprint(),
+                retry_ms = retry.as_millis() as u64,
+                "upstream 429: draining the shared bucket"
+            );
+            if let Err(e) = self.store.drain_until(key, limit, until).await {
+                tracing::warn!(bucket = key.bucket(), error = %e, "could not drain after a 429");
+            }
+        } else if status.is_client_error() && self.config.error_cost > 1 {
+            let mut extra = self.config.error_cost - 1;
+            while extra > 0 {
+                let take = extra.min(limit.burst());
+                // A reservation with no ceiling: the tokens are owed, and later requests wait
+                // them off.
+                let owed = self.store.acquire(key, limit, take, Duration::MAX).await;
+                if let Err(e) = owed {
+                    tracing::warn!(bucket = key.bucket(), error = %e, "could not charge a 4xx");
+                    break;
+                }
+                extra -= take;
+            }
+        }
+    }
+}
+
+/// The time of one token: `interval / tokens`, rounded down to whole milliseconds.
+fn token_period(limit: Limit) -> Duration {
+    Duration::from_millis(limit.interval_ms() / u64::from(limit.tokens()))
+}
+
+/// Reads how long the upstream asked to wait: `X-Ratelimit-Retry` first, then `Retry-After`.
+/// A value that does not parse is ignored, with a warning.
+fn upstream_retry(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+    for name in ["x-ratelimit-retry", "retry-after"] {
+        let Some(value) = headers.get(name) else {
+            continue;
+        };
+        match value
+            .to_str()
+            .map_err(|_| RetryValue::NotText)
+            .and_then(|v| parse_retry(v, now))
+        {
+            Ok(retry) => return Some(retry),
+            Err(why) => tracing::warn!(header = name, %why, "ignoring an unusable back-off header"),
+        }
+    }
+    None
+}
+
+/// Why a back-off header was ignored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RetryValue {
+    NotText,
+    Negative,
+    Garbage,
+}
+
+impl fmt::Display for RetryValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::NotText => "the value is not text",
+            Self::Negative => "a negative delay",
+            Self::Garbage => "neither seconds nor an http date",
+        })
+    }
+}
+
+/// Parses delay-seconds (whole, or decimal as some APIs send, rounded up) or an HTTP date. A
+/// date in the past is a zero delay; a huge number saturates (the caller clamps it).
+pub(crate) fn parse_retry(value: &str, now: SystemTime) -> Result<Duration, RetryValue> {
+    let value = value.trim();
+    if value.starts_with('-') {
+        return Err(RetryValue::Negative);
+    }
+    if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
+        return Ok(Duration::from_secs(
+            value.parse::<u64>().unwrap_or(u64::MAX),
+        ));
+    }
+    if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+        return match value.parse::<f64>() {
+            Ok(secs) if secs.is_finite() => {
+                Ok(Duration::try_from_secs_f64(secs.ceil()).unwrap_or(Duration::MAX))
+            }
+            _ => Err(RetryValue::Garbage),
+        };
+    }
+    match httpdate::parse_http_date(value) {
+        Ok(at) => Ok(at.duration_since(now).unwrap_or(Duration::ZERO)),
+        Err(_) => Err(RetryValue::Garbage),
+    }
+}
+
+#[async_trait::async_trait]
+impl<St, K> Middleware for RateLimitMiddleware<St, K>
+where
+    St: BucketStore + Clone,
+    K: Clock + Clone,
+{
+    async fn handle(
+        &self,
+        req: Request,
+        extensions: &mut Extensions,
+        next: Next<'_>,
+    ) -> reqwest_middleware::Result<Response> {
+        let Some(route) = self.route_for(&req) else {
+            return next.run(req, extensions).await;
+        };
+        let (limit, bucket) = (route.limit, Arc::clone(&route.bucket));
+        let key = self.key(route, &req, extensions);
+        let max_wait = self
+            .config
+            .max_wait
+            .unwrap_or_else(|| limit.default_max_wait(1));
+        let decision = self
+            .store
+            .acquire(&key, limit, 1, max_wait)
+            .await
+            .map_err(reqwest_middleware::Error::middleware)?;
+        if !decision.is_admitted() {
+            let retry = decision.retry_after().unwrap_or(Duration::ZERO);
+            tracing::debug!(
+                bucket = &*bucket,
+                key = %key.fingerprint(),
+                retry_ms = retry.as_millis() as u64,
+                "local 429: the wait would pass the ceiling"
+            );
+            let limited = RateLimited::new(retry, limit, &bucket, decision.remaining());
+            return Err(reqwest_middleware::Error::middleware(limited));
+        }
+        if !decision.wait().is_zero() {
+            let mut guard = RefundGuard::new(self.store.clone());
+            guard.push(key.clone(), limit, 1);
+            tracing::debug!(
+                bucket = &*bucket,
+                key = %key.fingerprint(),
+                wait_ms = decision.wait().as_millis() as u64,
+                "waiting for a reserved token"
+            );
+            tokio::time::sleep(decision.wait()).await;
+            guard.disarm();
+        }
+        let res = next.run(req, extensions).await?;
+        self.feedback(&key, limit, &res).await;
+        Ok(res)
+    }
+}
+
+impl<St: Clone, K: Clone> Clone for RateLimitMiddleware<St, K> {
+    fn clone(&self) -> Self {
+        Self {
+            store: self.store.clone(),
+            clock: self.clock.clone(),
+            config: Arc::clone(&self.config),
+        }
+    }
+}
+
+impl<St: fmt::Debug, K: fmt::Debug> fmt::Debug for RateLimitMiddleware<St, K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitMiddleware")
+            .field("store", &self.store)
+            .field("clock", &self.clock)
+            .field("routes", &self.config.routes)
+            .field("default_route", &self.config.default)
+            .field("account_header", &self.config.account_header)
+            .field("max_wait", &self.config.max_wait)
+            .field("error_cost", &self.config.error_cost)
+            .field("max_backoff", &self.config.max_backoff)
+            .finish()
+    }
+}
+
+/// Which requests draw from which bucket: a bucket name, a [`Limit`], and a pattern of method,
+/// host and path.
+///
+/// The path pattern is matched segment by segment: `*` matches any one segment, and a final
+/// `**` matches any rest (including nothing). `/api/v1/supplier/orders` matches only that path;
+/// `/api/v2/nm-report/*/detail` matches any card; `/api/v1/**` matches everything under it.
+/// Query strings are ignored.
+#[derive(Debug, Clone)]
+pub struct Route {
+    bucket: Arc<str>,
+    limit: Limit,
+    method: Option<Method>,
+    host: Option<String>,
+    path: Vec<Segment>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Segment {
+    Exact(String),
+    Any,
+    Rest,
+}
+
+impl Route {
+    /// Requests whose path matches `path` draw from bucket `bucket` (1 to 64 ASCII letters,
+    /// digits, `_`, `.` or `-`), under `limit`. The path must start with `/`.
+    pub fn new(bucket: &str, limit: Limit, path: &str) -> Result<Self, InvalidKey> {
+        if !is_name(bucket) {
+            return Err(InvalidKey::BucketName);
+        }
+        let Some(rest) = path.strip_prefix('/') else {
+            return Err(InvalidKey::EmptyKey);
+        };
+        let segments: Vec<&str> = if rest.is_empty() {
+            Vec::new()
+        } else {
+            rest.split('/').collect()
+        };
+        let last = segments.len().saturating_sub(1);
+        let path = segments
+            .iter()
+            .enumerate()
+            .map(|(i, s)| match *s {
+                "**" if i == last => Segment::Rest,
+                "*" => Segment::Any,
+                s => Segment::Exact(s.to_owned()),
+            })
+            .collect();
+        Ok(Self {
+            bucket: Arc::from(bucket),
+            limit,
+            method: None,
+            host: None,
+            path,
+        })
+    }
+
+    /// Matches only requests with this method.
+    #[must_use]
+    pub fn method(self, method: Method) -> Self {
+        Self {
+            method: Some(method),
+            ..self
+        }
+    }
+
+    /// Matches only requests to this host (compared without case; no port).
+    #[must_use]
+    pub fn host(self, host: &str) -> Self {
+        Self {
+            host: Some(host.to_ascii_lowercase()),
+            ..self
+        }
+    }
+
+    /// The bucket name.
+    pub fn bucket(&self) -> &str {
+        &self.bucket
+    }
+
+    /// The limit.
+    pub fn limit(&self) -> Limit {
+        self.limit
+    }
+
+    fn matches(&self, method: &Method, url: &reqwest::Url) -> bool {
+        if self.method.as_ref().is_some_and(|m| m != method) {
+            return false;
+        }
+        if let Some(host) = &self.host
+            && !url.host_str().is_some_and(|h| h.eq_ignore_ascii_case(host))
+        {
+            return false;
+        }
+        let path = url.path().strip_prefix('/').unwrap_or(url.path());
+        let mut parts = path.split('/').filter(|s| !s.is_empty());
+        for segment in &self.path {
+            match segment {
+                Segment::Rest => return true,
+                Segment::Any => {
+                    if parts.next().is_none() {
+                        return false;
+                    }
+                }
+                Segment::Exact(s) => {
+                    if parts.next() != Some(s.as_str()) {
+                        return false;
+                    }
+                }
+            }
+        }
+        parts.next().is_none()
+    }
+}
+
+/// The account that owns a request's budget, as a request extension:
+/// `client.get(url).with_extension(Account::new("seller-42"))`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Account {
+    id: Arc<str>,
+    secret: bool,
+}
+
+impl Account {
+    /// An account named by an identifier that may appear in store keys (it is escaped).
+    pub fn new(id: &str) -> Self {
+        Self {
+            id: Arc::from(id),
+            secret: false,
+        }
+    }
+
+    /// An account named by a secret, such as its API token: hashed before it becomes part of a
+    /// key, never stored or logged in clear.
+    pub fn secret(token: &str) -> Self {
+        Self {
+            id: Arc::from(token),
+            secret: true,
+        }
+    }
+
+    fn key(&self, bucket: &str) -> Option<BucketKey> {
+        if self.secret {
+            BucketKey::hashed(bucket, self.id.as_bytes()).ok()
+        } else {
+            BucketKey::new(bucket, self.id.as_bytes()).ok()
+        }
+    }
+}
+
+impl fmt::Debug for Account {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.secret {
+            f.write_str("Account(<secret>)")
+        } else {
+            f.debug_tuple("Account").field(&self.id).finish()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(secs: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(secs)
+    }
+
+    #[test]
+    fn back_off_headers_parse_or_say_why_not() {
+        let now = at(1_700_000_000);
+        assert_eq!(parse_retry("2", now), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_retry(" 120 ", now), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_retry("0", now), Ok(Duration::ZERO));
+        assert_eq!(parse_retry("1.2", now), Ok(Duration::from_secs(2)));
+        // Huge: saturates here; the middleware clamps it to its maximum back-off.
+        assert_eq!(
+            parse_retry("99999999999999999999999", now),
+            Ok(Duration::from_secs(u64::MAX))
+        );
+        assert_eq!(parse_retry("-5", now), Err(RetryValue::Negative));
+        assert_eq!(parse_retry("soon", now), Err(RetryValue::Garbage));
+        assert_eq!(parse_retry("", now), Err(RetryValue::Garbage));
+        assert_eq!(parse_retry("1.2.3", now), Err(RetryValue::Garbage));
+        // An HTTP date, in the future and in the past.
+        let date = httpdate::fmt_http_date(at(1_700_000_030));
+        assert_eq!(parse_retry(&date, now), Ok(Duration::from_secs(30)));
+        let past = httpdate::fmt_http_date(at(1_600_000_000));
+        assert_eq!(parse_retry(&past, now), Ok(Duration::ZERO));
+    }
+
+    #[test]
+    fn x_ratelimit_retry_wins_over_retry_after_and_garbage_is_skipped() {
+        let now = at(1_700_000_000);
+        let mut h = HeaderMap::new();
+        h.insert("retry-after", http::HeaderValue::from_static("7"));
+        h.insert("x-ratelimit-retry", http::HeaderValue::from_static("2"));
+        assert_eq!(upstream_retry(&h, now), Some(Duration::from_secs(2)));
+        h.insert("x-ratelimit-retry", http::HeaderValue::from_static("later"));
+        assert_eq!(upstream_retry(&h, now), Some(Duration::from_secs(7)));
+        h.insert("retry-after", http::HeaderValue::from_static("-1"));
+        assert_eq!(upstream_retry(&h, now), None);
+    }
+
+    #[test]
+    fn routes_match_method_host_and_path_patterns() {
+        let limit = Limit::per_minute(1).expect("a valid limit");
+        let url = |s: &str| reqwest::Url::parse(s).expect("a valid url");
+        let exact = Route::new("orders", limit, "/api/v1/supplier/orders").expect("a route");
+        assert!(exact.matches(&Method::GET, &url("https://h/api/v1/supplier/orders?x=1")));
+        assert!(!exact.matches(&Method::GET, &url("https://h/api/v1/supplier/orders/7")));
+        assert!(!exact.matches(&Method::GET, &url("https://h/api/v1/supplier")));
+        let any = Route::new("card", limit, "/cards/*/detail").expect("a route");
+        assert!(any.matches(&Method::GET, &url("https://h/cards/42/detail")));
+        assert!(!any.matches(&Method::GET, &url("https://h/cards/detail")));
+        let rest = Route::new("all", limit, "/api/**")
+            .expect("a route")
+            .method(Method::POST)
+            .host("API.example");
+        assert!(rest.matches(&Method::POST, &url("https://api.example/api")));
+        assert!(rest.matches(&Method::POST, &url("https://api.example/api/a/b/c")));
+        assert!(!rest.matches(&Method::GET, &url("https://api.example/api/a")));
+        assert!(!rest.matches(&Method::POST, &url("https://other.example/api/a")));
+        assert_eq!(
+            Route::new("bad name", limit, "/").map(drop),
+            Err(InvalidKey::BucketName)
+        );
+        assert!(Route::new("x", limit, "no-slash").is_err());
+    }
+
+    #[test]
+    fn secret_accounts_are_hashed_and_not_printed() {
+        let a = Account::secret("tok-123");
+        assert_eq!(format!("{a:?}"), "Account(<secret>)");
+        let key = a.key("orders").map(|k| k.to_string()).unwrap_or_default();
+        assert!(key.starts_with("orders:#") && !key.contains("tok"), "{key}");
+        assert_eq!(
+            Account::new("seller:42")
+                .key("orders")
+                .map(|k| k.to_string())
+                .as_deref(),
+            Some("orders:seller%3A42")
+        );
+    }
+}
