@@ -244,7 +244,7 @@ pub use store::{
     BackendError, BoxFuture, BucketStore, Decision, DynBucketStore, MemoryStore, Quota, StoreError,
 };
 
-// The README's Redis example needs the `redis` feature to compile.
+// The README's examples need the `redis` and `tower` features to compile.
 #[doc = include_str!("../README.md")]
-#[cfg(all(doctest, feature = "redis"))]
+#[cfg(all(doctest, feature = "redis", feature = "tower"))]
 pub struct ReadmeDoctests;

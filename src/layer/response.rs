@@ -60,6 +60,24 @@ impl<'a> Item<'a> {
             next: next_token(decision),
         }
     }
+
+    /// An earlier rule's item after its `cost` tokens were given back. Exact for tokens taken
+    /// at once; a reservation's item stays as the store reported it, since that bucket held
+    /// fewer whole tokens than the cost anyway.
+    pub(crate) fn refunded(name: &'a str, decision: &Decision, cost: u32) -> Self {
+        if !decision.wait().is_zero() {
+            return Self::admitted(name, decision);
+        }
+        let remaining = decision
+            .remaining()
+            .saturating_add(cost)
+            .min(decision.limit().burst());
+        Self {
+            name,
+            remaining,
+            next: Duration::ZERO,
+        }
+    }
 }
 
 /// `"<name>";r=<remaining>;t=<seconds until the next token>` for each rule that applied.

@@ -90,7 +90,7 @@ pub(crate) async fn decide<St: BucketStore + Clone, B: From<String>>(
     plan: Vec<Planned>,
 ) -> Verdict<St, Response<B>> {
     let mut guard = RefundGuard::new(config.store.clone());
-    let mut decisions: Vec<(usize, Decision)> = Vec::with_capacity(plan.len());
+    let mut decisions: Vec<(usize, Decision, u32)> = Vec::with_capacity(plan.len());
     let mut wait = Duration::ZERO;
     for p in plan {
         let rule = &config.rules[p.rule];
@@ -109,7 +109,7 @@ pub(crate) async fn decide<St: BucketStore + Clone, B: From<String>>(
                 );
                 wait = wait.max(d.wait());
                 guard.push(p.key, rule.limit, p.cost);
-                decisions.push((p.rule, d));
+                decisions.push((p.rule, d, p.cost));
             }
             Ok(d) => {
                 let retry = d.retry_after().unwrap_or(Duration::ZERO);
@@ -125,7 +125,7 @@ pub(crate) async fn decide<St: BucketStore + Clone, B: From<String>>(
                 let policy = response::policy(
                     decisions
                         .iter()
-                        .map(|(i, _)| *i)
+                        .map(|(i, _, _)| *i)
                         .chain([p.rule])
                         .map(|i| (config.rules[i].bucket(), config.rules[i].limit)),
                 );
@@ -136,7 +136,7 @@ pub(crate) async fn decide<St: BucketStore + Clone, B: From<String>>(
                 };
                 let items = decisions
                     .iter()
-                    .map(|(i, d)| Item::admitted(config.rules[*i].bucket(), d))
+                    .map(|(i, d, cost)| Item::refunded(config.rules[*i].bucket(), d, *cost))
                     .chain([denied]);
                 let ratelimit = response::ratelimit(items);
                 return Verdict::Reject(config.rejection.respond(&limited, policy, ratelimit));
@@ -151,7 +151,7 @@ pub(crate) async fn decide<St: BucketStore + Clone, B: From<String>>(
         response::ratelimit(
             decisions
                 .iter()
-                .map(|(i, d)| Item::admitted(config.rules[*i].bucket(), d)),
+                .map(|(i, d, _)| Item::admitted(config.rules[*i].bucket(), d)),
         )
     } else {
         None

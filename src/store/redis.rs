@@ -49,6 +49,11 @@ fn script() -> &'static redis::Script {
 /// many calls share one multiplexed connection concurrently. The script touches one key, so it
 /// needs no hash tags on a cluster.
 ///
+/// The connection's own response timeout applies (redis-rs gives multiplexed connections 500 ms
+/// by default; set it on the client's `AsyncConnectionConfig`). A call that times out is a
+/// [`StoreError::Backend`]; the script may still have run, so its token counts as spent, the safe
+/// direction.
+///
 /// ```no_run
 /// use std::time::Duration;
 /// use burstgate::{BucketKey, BucketStore, Limit, RedisStore};
