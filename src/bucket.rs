@@ -67,7 +67,7 @@ pub(crate) struct Write {
 
 impl Write {
     /// What the script answers for a refund or a drain that wrote `self` at `now`.
-    #[cfg(test)]
+    #[cfg(all(test, feature = "redis"))]
     pub(crate) fn outcome(&self, now: u64) -> Outcome {
         Outcome {
             allowed: true,

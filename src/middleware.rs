@@ -10,8 +10,8 @@ use reqwest_middleware::{Middleware, Next};
 
 use crate::clock::{Clock, SystemClock};
 use crate::key::is_name;
-use crate::store::RefundGuard;
-use crate::{BucketKey, BucketStore, InvalidKey, Limit, RateLimited};
+use crate::store::{BackendError, RefundGuard};
+use crate::{BucketKey, BucketStore, Decision, InvalidKey, Limit, RateLimited, StoreError};
 
 /// The longest an upstream 429 may make every worker back off, unless set otherwise.
 const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(600);
@@ -44,7 +44,8 @@ const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(600);
 ///    when one is set.
 /// 2. Finds the account that owns the budget: an [`Account`] extension on the request
 ///    (`RequestBuilder::with_extension`), else the [`account_header`](Self::account_header)'s
-///    value, hashed. With neither, the route's single shared bucket (key `-`) is used.
+///    value, hashed. With neither (or with an empty one), the route's single shared bucket
+///    (key `-`) is used.
 /// 3. Reserves one token (see [`BucketStore::acquire`]) with a ceiling of
 ///    [`max_wait`](Self::max_wait), by default two token periods
 ///    ([`Limit::default_max_wait`]): two minutes for "1 per minute". Within the ceiling it sleeps
@@ -55,7 +56,9 @@ const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(600);
 /// 4. Reads the answer. A `429` from the upstream drains the shared bucket until the time the
 ///    upstream gave (`X-Ratelimit-Retry`, else `Retry-After`, in seconds or as an HTTP date), so
 ///    that every worker in every process backs off, not only the one that was told; without such
-///    a header, for one token period. A malformed value is ignored and an absurd one clamped to
+///    a header, for one token period. The bucket is drained so that its next token is ready at
+///    the time the upstream gave; it never holds less than one token period, so a shorter
+///    `Retry-After` still waits one period. A malformed value is ignored and an absurd one clamped to
 ///    [`max_backoff`](Self::max_backoff), each with a warning. Other `4xx` answers can be made to
 ///    cost more ([`error_cost`](Self::error_cost)). The response itself is returned unchanged.
 ///
@@ -195,18 +198,48 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
 
     fn key(&self, route: &Route, req: &Request, extensions: &Extensions) -> BucketKey {
         let bucket = &route.bucket;
-        let key = match extensions.get::<Account>() {
-            Some(account) => account.key(bucket),
-            None => self
-                .config
-                .account_header
-                .as_ref()
-                .and_then(|name| req.headers().get(name))
-                .and_then(|v| BucketKey::hashed(bucket, v.as_bytes()).ok()),
-        };
+        // An empty account or header value names nobody: it falls through to the next source.
+        let key = extensions
+            .get::<Account>()
+            .and_then(|account| account.key(bucket))
+            .or_else(|| {
+                self.config
+                    .account_header
+                    .as_ref()
+                    .and_then(|name| req.headers().get(name))
+                    .and_then(|v| BucketKey::hashed(bucket, v.as_bytes()).ok())
+            });
         // The bucket name was checked when the route was made, and "-" is a valid key.
         key.or_else(|| BucketKey::new(bucket, "-").ok())
             .unwrap_or_else(|| unreachable!("a checked bucket name with key \"-\" is valid"))
+    }
+
+    /// Takes the request's token on a task of its own, so that a caller that goes away while
+    /// the store answers (a slow Redis) cannot lose the tokens: the task gives them back when
+    /// nobody is left to receive them.
+    async fn reserve(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+        max_wait: Duration,
+    ) -> Result<Decision, StoreError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (store, key) = (self.store.clone(), key.clone());
+        tokio::spawn(async move {
+            let result = store.acquire(&key, limit, 1, max_wait).await;
+            if let Err(Ok(unreceived)) = tx.send(result)
+                && unreceived.is_admitted()
+                && let Err(e) = store.refund(&key, limit, 1).await
+            {
+                tracing::warn!(bucket = key.bucket(), error = %e, "refund failed");
+            }
+        });
+        rx.await.unwrap_or_else(|_| {
+            Err(StoreError::Backend(BackendError::new(
+                "the store call ended without an answer",
+                None,
+            )))
+        })
     }
 
     /// Feeds the upstream's answer back into the shared bucket.
@@ -348,8 +381,7 @@ where
             .max_wait
             .unwrap_or_else(|| limit.default_max_wait(1));
         let decision = self
-            .store
-            .acquire(&key, limit, 1, max_wait)
+            .reserve(&key, limit, max_wait)
             .await
             .map_err(reqwest_middleware::Error::middleware)?;
         if !decision.is_admitted() {

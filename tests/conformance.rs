@@ -9,6 +9,7 @@ use burstgate::{
     BucketKey, BucketStore, DynBucketStore, Limit, ManualClock, MemoryStore, StoreError,
 };
 
+#[cfg(feature = "redis")]
 #[path = "support/redis_server.rs"]
 mod redis_server;
 
@@ -294,6 +295,7 @@ async fn memory(clock: ManualClock) -> MemoryStore<ManualClock> {
     MemoryStore::with_clock(clock)
 }
 
+#[cfg(feature = "redis")]
 async fn redis(
     clock: ManualClock,
 ) -> burstgate::RedisStore<redis::aio::MultiplexedConnection, ManualClock> {
@@ -312,6 +314,7 @@ async fn dyn_memory(clock: ManualClock) -> Arc<dyn DynBucketStore> {
     Arc::new(memory(clock).await)
 }
 
+#[cfg(feature = "redis")]
 async fn dyn_redis(clock: ManualClock) -> Arc<dyn DynBucketStore> {
     Arc::new(redis(clock).await)
 }
@@ -370,6 +373,8 @@ macro_rules! suite {
 }
 
 suite!(memory_store, memory);
+#[cfg(feature = "redis")]
 suite!(redis_store, redis);
 suite!(dyn_memory_store, dyn_memory);
+#[cfg(feature = "redis")]
 suite!(dyn_redis_store, dyn_redis);

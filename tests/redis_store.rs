@@ -1,5 +1,6 @@
 //! What only the Redis store has: its key layout and TTL, script reloading, wrong-type keys,
 //! connection kinds and failures. The shared behaviour is in `conformance.rs`.
+#![cfg(feature = "redis")]
 
 use std::time::Duration;
 

@@ -75,7 +75,9 @@
 //! ceiling reserves its tokens (one store call per rule, no retries) and is passed to the inner
 //! service once they have refilled, after an asynchronous tokio sleep; waiting requests go in
 //! arrival order. Dropping the response future while it waits (the client went away) refunds the
-//! reservation on a spawned task. The default is no waiting, the usual choice for a server; a
+//! reservation on a spawned task. A request dropped while the store itself is answering (a slow
+//! Redis) may leave its tokens spent: the decision runs inside the request's future, which keeps
+//! the server path free of a task per request, and the error is in the safe direction. The default is no waiting, the usual choice for a server; a
 //! client-side tower stack can set a ceiling instead of failing.
 //!
 //! # Logs

@@ -1,0 +1,845 @@
+//! The reqwest middleware against a real HTTP server (wiremock, with exact `.expect(n)` counts)
+//! and, where buckets are shared between clients, a real Redis.
+//!
+//! A real socket forces real time, so these tests use short intervals, measure with
+//! `std::time::Instant`, and keep generous upper bounds. Arrival times are the mock server's own:
+//! a responder records `Instant::now()` when each request reaches it.
+#![cfg(feature = "reqwest")]
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant, SystemTime};
+
+use burstgate::middleware::{Account, RateLimitMiddleware, Route};
+use burstgate::{
+    BucketKey, BucketStore, Clock, Decision, Limit, MemoryStore, Quota, RateLimited, StoreError,
+};
+use reqwest::StatusCode;
+use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
+use wiremock::matchers::{method, path};
+use wiremock::{Mock, MockServer, Request as MockRequest, Respond, ResponseTemplate};
+
+#[cfg(feature = "redis")]
+#[path = "support/redis_server.rs"]
+mod redis_server;
+
+/// The stores count whole milliseconds of wall time, so a wait computed from two truncated
+/// readings can end up to a millisecond before the instant it aims at; allow two.
+const CLOCK_SLACK: Duration = Duration::from_millis(2);
+
+fn limit(tokens: u32, interval_ms: u64, burst: u32) -> Limit {
+    Limit::new(tokens, Duration::from_millis(interval_ms))
+        .and_then(|l| l.with_burst(burst))
+        .expect("a valid limit")
+}
+
+fn route(bucket: &str, limit: Limit, pattern: &str) -> Route {
+    Route::new(bucket, limit, pattern).expect("a valid route")
+}
+
+fn key(bucket: &str, account: &str) -> BucketKey {
+    BucketKey::new(bucket, account).expect("a valid key")
+}
+
+fn client<St, K>(middleware: RateLimitMiddleware<St, K>) -> ClientWithMiddleware
+where
+    St: BucketStore + Clone,
+    K: Clock + Clone,
+{
+    ClientBuilder::new(reqwest::Client::new())
+        .with(middleware)
+        .build()
+}
+
+/// Sends a GET, as `account` when given, and returns the upstream's status.
+async fn get(
+    client: &ClientWithMiddleware,
+    url: &str,
+    account: Option<&str>,
+) -> Result<StatusCode, reqwest_middleware::Error> {
+    let mut request = client.get(url);
+    if let Some(account) = account {
+        request = request.with_extension(Account::new(account));
+    }
+    request.send().await.map(|res| res.status())
+}
+
+/// The local 429 inside a middleware error; panics on anything else.
+fn local_429(result: Result<StatusCode, reqwest_middleware::Error>) -> RateLimited {
+    match result {
+        Err(reqwest_middleware::Error::Middleware(e)) => match e.downcast_ref::<RateLimited>() {
+            Some(limited) => limited.clone(),
+            None => panic!("a middleware error other than RateLimited: {e:?}"),
+        },
+        other => panic!("expected the local 429, got {other:?}"),
+    }
+}
+
+/// Peeks `key` until `done` holds, for at most five seconds (for effects the middleware applies
+/// on a spawned task, such as refunds).
+async fn peek_until(
+    store: &impl BucketStore,
+    key: &BucketKey,
+    limit: Limit,
+    done: impl Fn(&Quota) -> bool,
+) -> Quota {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let quota = store.peek(key, limit).await.expect("peeks");
+        if done(&quota) {
+            return quota;
+        }
+        assert!(Instant::now() < deadline, "never reached: last {quota:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// The mock server's own request log: when each request reached it, by the test's clock.
+#[derive(Debug, Clone, Default)]
+struct Arrivals(Arc<Mutex<Vec<Instant>>>);
+
+impl Arrivals {
+    /// A responder that records each arrival, then answers with `template`.
+    fn answer(&self, template: ResponseTemplate) -> Recorded {
+        Recorded {
+            arrivals: self.clone(),
+            template,
+        }
+    }
+
+    fn sorted(&self) -> Vec<Instant> {
+        let mut times = self
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        times.sort();
+        times
+    }
+}
+
+struct Recorded {
+    arrivals: Arrivals,
+    template: ResponseTemplate,
+}
+
+impl Respond for Recorded {
+    fn respond(&self, _: &MockRequest) -> ResponseTemplate {
+        self.arrivals
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Instant::now());
+        self.template.clone()
+    }
+}
+
+async fn mock(server: &MockServer, at: &str, answer: impl Respond + 'static, times: u64) {
+    Mock::given(method("GET"))
+        .and(path(at))
+        .respond_with(answer)
+        .expect(times)
+        .named(at)
+        .mount(server)
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_full_burst_goes_out_at_once_and_the_eleventh_waits_one_interval() {
+    let server = MockServer::start().await;
+    let arrivals = Arrivals::default();
+    mock(
+        &server,
+        "/orders",
+        arrivals.answer(ResponseTemplate::new(200)),
+        11,
+    )
+    .await;
+    let orders = limit(1, 300, 10);
+    let client = client(
+        RateLimitMiddleware::new(MemoryStore::new()).route(route("orders", orders, "/orders")),
+    );
+    let url = format!("{}/orders", server.uri());
+
+    let start = Instant::now();
+    let mut calls = Vec::new();
+    for _ in 0..11 {
+        let (client, url) = (client.clone(), url.clone());
+        calls.push(tokio::spawn(async move {
+            let status = get(&client, &url, Some("seller-1")).await;
+            (status.map_err(|e| e.to_string()), start.elapsed())
+        }));
+    }
+    let mut done = Vec::new();
+    for call in calls {
+        let (status, elapsed) = call.await.expect("the request task finishes");
+        assert_eq!(status, Ok(StatusCode::OK));
+        done.push(elapsed);
+    }
+    done.sort();
+    assert!(done[9] < Duration::from_millis(250), "the burst: {done:?}");
+    assert!(
+        done[10] >= Duration::from_millis(300) - CLOCK_SLACK
+            && done[10] < Duration::from_millis(1500),
+        "the eleventh: {done:?}"
+    );
+
+    let sent: Vec<Duration> = arrivals.sorted().iter().map(|t| *t - start).collect();
+    assert_eq!(sent.len(), 11);
+    assert!(sent[9] < Duration::from_millis(250), "the burst: {sent:?}");
+    assert!(
+        sent[10] >= Duration::from_millis(300) - CLOCK_SLACK,
+        "the eleventh was sent early: {sent:?}"
+    );
+    server.verify().await;
+}
+
+#[tokio::test]
+async fn the_local_429_is_a_rate_limited_error_and_the_request_is_never_sent() {
+    let server = MockServer::start().await;
+    mock(&server, "/orders", ResponseTemplate::new(200), 1).await;
+    // 1 per minute, burst 1: the default ceiling is two minutes, so the second and third requests
+    // are reserved (waiting one and two minutes) and the fourth would wait three.
+    let orders = Limit::per_minute(1).expect("a valid limit");
+    let store = MemoryStore::new();
+    let client =
+        client(RateLimitMiddleware::new(store.clone()).route(route("orders", orders, "/orders")));
+    let url = format!("{}/orders", server.uri());
+    let bucket = key("orders", "seller-1");
+
+    assert_eq!(
+        get(&client, &url, Some("seller-1")).await.ok(),
+        Some(StatusCode::OK)
+    );
+    let mut waiting = Vec::new();
+    for _ in 0..2 {
+        let (client, url) = (client.clone(), url.clone());
+        waiting.push(tokio::spawn(async move {
+            get(&client, &url, Some("seller-1"))
+                .await
+                .map_err(|e| e.to_string())
+        }));
+    }
+    // Both reservations are made: the bucket is two tokens in debt.
+    peek_until(&store, &bucket, orders, |q| {
+        q.next_token_in() > Duration::from_secs(170)
+    })
+    .await;
+
+    let limited = local_429(get(&client, &url, Some("seller-1")).await);
+    assert!(
+        limited.retry_after() > Duration::from_secs(170)
+            && limited.retry_after() <= Duration::from_secs(180),
+        "{limited:?}"
+    );
+    assert_eq!(limited.bucket(), "orders");
+    assert_eq!(limited.limit(), orders);
+    assert_eq!(limited.remaining(), 0);
+
+    // The two reserved requests are still waiting their turn, not failed; abandoning them gives
+    // their tokens back.
+    for call in &waiting {
+        assert!(!call.is_finished());
+        call.abort();
+    }
+    let quota = peek_until(&store, &bucket, orders, |q| {
+        q.next_token_in() <= Duration::from_secs(60)
+    })
+    .await;
+    assert!(quota.next_token_in() > Duration::from_secs(50), "{quota:?}");
+    server.verify().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_dropped_while_it_waits_gives_its_turn_back() {
+    let server = MockServer::start().await;
+    let arrivals = Arrivals::default();
+    mock(
+        &server,
+        "/orders",
+        arrivals.answer(ResponseTemplate::new(200)),
+        2,
+    )
+    .await;
+    let orders = limit(1, 1_000, 1);
+    let store = MemoryStore::new();
+    let client =
+        client(RateLimitMiddleware::new(store.clone()).route(route("orders", orders, "/orders")));
+    let url = format!("{}/orders", server.uri());
+
+    let start = Instant::now();
+    assert_eq!(
+        get(&client, &url, Some("a")).await.ok(),
+        Some(StatusCode::OK)
+    );
+    // Reserved for ~1 s from now, abandoned after 100 ms.
+    let abandoned =
+        tokio::time::timeout(Duration::from_millis(100), get(&client, &url, Some("a"))).await;
+    assert!(
+        abandoned.is_err(),
+        "it should still be waiting: {abandoned:?}"
+    );
+    // The refund runs on a spawned task; wait until the store shows it: the next token is due
+    // one interval after the first request again, not two.
+    peek_until(&store, &key("orders", "a"), orders, |q| {
+        start.elapsed() + q.next_token_in() < Duration::from_millis(1_500)
+    })
+    .await;
+
+    // The next request takes the abandoned turn: sent one interval after the first, not two.
+    assert_eq!(
+        get(&client, &url, Some("a")).await.ok(),
+        Some(StatusCode::OK)
+    );
+    let sent: Vec<Duration> = arrivals.sorted().iter().map(|t| *t - start).collect();
+    assert_eq!(sent.len(), 2);
+    assert!(
+        sent[1] >= Duration::from_millis(1_000) - CLOCK_SLACK
+            && sent[1] < Duration::from_millis(1_500),
+        "{sent:?}"
+    );
+    server.verify().await;
+}
+
+/// A store whose replies arrive `delay` after it has decided, like a slow Redis.
+#[derive(Debug, Clone)]
+struct SlowReplies<S> {
+    inner: S,
+    delay: Duration,
+}
+
+impl<S: BucketStore + Clone> BucketStore for SlowReplies<S> {
+    async fn acquire(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+        cost: u32,
+        max_wait: Duration,
+    ) -> Result<Decision, StoreError> {
+        let decision = self.inner.acquire(key, limit, cost, max_wait).await;
+        tokio::time::sleep(self.delay).await;
+        decision
+    }
+
+    async fn peek(&self, key: &BucketKey, limit: Limit) -> Result<Quota, StoreError> {
+        self.inner.peek(key, limit).await
+    }
+
+    async fn refund(&self, key: &BucketKey, limit: Limit, cost: u32) -> Result<(), StoreError> {
+        self.inner.refund(key, limit, cost).await
+    }
+
+    async fn drain_until(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+        until: SystemTime,
+    ) -> Result<(), StoreError> {
+        self.inner.drain_until(key, limit, until).await
+    }
+}
+
+#[tokio::test]
+async fn a_request_dropped_while_the_store_answers_leaves_nothing_behind() {
+    let server = MockServer::start().await;
+    mock(&server, "/orders", ResponseTemplate::new(200), 1).await;
+    let orders = limit(1, 10_000, 1);
+    let memory = MemoryStore::new();
+    let store = SlowReplies {
+        inner: memory.clone(),
+        delay: Duration::from_millis(200),
+    };
+    let client = client(RateLimitMiddleware::new(store).route(route("orders", orders, "/orders")));
+    let url = format!("{}/orders", server.uri());
+    let bucket = key("orders", "a");
+
+    assert_eq!(
+        get(&client, &url, Some("a")).await.ok(),
+        Some(StatusCode::OK)
+    );
+    // The store reserves the next turn (10 s away), but the caller gives up before the answer.
+    let abandoned =
+        tokio::time::timeout(Duration::from_millis(50), get(&client, &url, Some("a"))).await;
+    assert!(abandoned.is_err(), "{abandoned:?}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let quota = memory.peek(&bucket, orders).await.expect("peeks");
+    assert!(
+        quota.next_token_in() <= Duration::from_secs(10),
+        "the abandoned reservation is still owed: {quota:?}"
+    );
+    server.verify().await;
+}
+
+#[tokio::test]
+async fn accounts_in_the_extension_have_separate_buckets() {
+    let server = MockServer::start().await;
+    mock(&server, "/orders", ResponseTemplate::new(200), 4).await;
+    let orders = Limit::per_hour(1).expect("a valid limit");
+    let store = MemoryStore::new();
+    let client = client(
+        RateLimitMiddleware::new(store.clone())
+            .route(route("orders", orders, "/orders"))
+            .account_header(http::header::AUTHORIZATION)
+            .max_wait(Duration::ZERO),
+    );
+    let url = format!("{}/orders", server.uri());
+
+    assert_eq!(
+        get(&client, &url, Some("a")).await.ok(),
+        Some(StatusCode::OK)
+    );
+    let limited = local_429(get(&client, &url, Some("a")).await);
+    assert!(
+        limited.retry_after() > Duration::from_secs(3_590),
+        "{limited:?}"
+    );
+    assert_eq!(
+        get(&client, &url, Some("b")).await.ok(),
+        Some(StatusCode::OK)
+    );
+    local_429(get(&client, &url, Some("b")).await);
+
+    // With neither an extension nor the header, the route's one shared bucket, `-`.
+    assert_eq!(get(&client, &url, None).await.ok(), Some(StatusCode::OK));
+    local_429(get(&client, &url, None).await);
+
+    // The extension wins over the header: this is account "c", whatever the token.
+    let with_both = client
+        .get(&url)
+        .with_extension(Account::new("c"))
+        .header(http::header::AUTHORIZATION, "Bearer token-of-a")
+        .send()
+        .await
+        .map(|r| r.status());
+    assert_eq!(with_both.ok(), Some(StatusCode::OK));
+
+    for account in ["a", "b", "-", "c"] {
+        let quota = store
+            .peek(&key("orders", account), orders)
+            .await
+            .expect("peeks");
+        assert_eq!(quota.remaining(), 0, "account {account}: {quota:?}");
+    }
+    let untouched = store
+        .peek(&key("orders", "d"), orders)
+        .await
+        .expect("peeks");
+    assert_eq!(untouched.remaining(), 1);
+    let token_bucket = BucketKey::hashed("orders", "Bearer token-of-a").expect("a valid key");
+    let untouched = store.peek(&token_bucket, orders).await.expect("peeks");
+    assert_eq!(untouched.remaining(), 1);
+    server.verify().await;
+}
+
+#[tokio::test]
+async fn unmatched_requests_pass_through_unlimited_without_a_default_route() {
+    let server = MockServer::start().await;
+    mock(&server, "/free", ResponseTemplate::new(200), 5).await;
+    mock(&server, "/orders", ResponseTemplate::new(200), 1).await;
+    let orders = Limit::per_hour(1).expect("a valid limit");
+    let client = client(
+        RateLimitMiddleware::new(MemoryStore::new())
+            .route(route("orders", orders, "/orders"))
+            .max_wait(Duration::ZERO),
+    );
+
+    let free = format!("{}/free", server.uri());
+    for _ in 0..5 {
+        assert_eq!(
+            get(&client, &free, Some("a")).await.ok(),
+            Some(StatusCode::OK)
+        );
+    }
+    let orders_url = format!("{}/orders", server.uri());
+    assert_eq!(
+        get(&client, &orders_url, Some("a")).await.ok(),
+        Some(StatusCode::OK)
+    );
+    assert_eq!(
+        local_429(get(&client, &orders_url, Some("a")).await).bucket(),
+        "orders"
+    );
+    server.verify().await;
+}
+
+#[tokio::test]
+async fn unmatched_requests_draw_from_the_default_route_when_set() {
+    let server = MockServer::start().await;
+    mock(&server, "/free", ResponseTemplate::new(200), 1).await;
+    mock(&server, "/elsewhere", ResponseTemplate::new(200), 0).await;
+    mock(&server, "/orders", ResponseTemplate::new(200), 1).await;
+    let hourly = Limit::per_hour(1).expect("a valid limit");
+    let store = MemoryStore::new();
+    let client = client(
+        RateLimitMiddleware::new(store.clone())
+            .route(route("orders", hourly, "/orders"))
+            // Its path pattern is not used: it takes everything no route matches.
+            .default_route(route("fallback", hourly, "/unused"))
+            .max_wait(Duration::ZERO),
+    );
+
+    let free = format!("{}/free", server.uri());
+    assert_eq!(
+        get(&client, &free, Some("a")).await.ok(),
+        Some(StatusCode::OK)
+    );
+    let limited = local_429(get(&client, &free, Some("a")).await);
+    assert_eq!(limited.bucket(), "fallback");
+    // Every unmatched path shares the default bucket.
+    let elsewhere = format!("{}/elsewhere", server.uri());
+    assert_eq!(
+        local_429(get(&client, &elsewhere, Some("a")).await).bucket(),
+        "fallback"
+    );
+    // A matched route keeps its own bucket.
+    let orders_url = format!("{}/orders", server.uri());
+    assert_eq!(
+        get(&client, &orders_url, Some("a")).await.ok(),
+        Some(StatusCode::OK)
+    );
+    let quota = store
+        .peek(&key("fallback", "a"), hourly)
+        .await
+        .expect("peeks");
+    assert_eq!(quota.remaining(), 0);
+    server.verify().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn error_cost_makes_a_4xx_answer_cost_that_many_tokens() {
+    let server = MockServer::start().await;
+    mock(&server, "/ok", ResponseTemplate::new(200), 2).await;
+    mock(&server, "/bad", ResponseTemplate::new(400), 2).await;
+    mock(&server, "/broken", ResponseTemplate::new(500), 1).await;
+    let api = limit(1, 100, 10);
+    let store = MemoryStore::new();
+    let client = client(
+        RateLimitMiddleware::new(store.clone())
+            .route(route("api", api, "/**"))
+            .error_cost(10)
+            .max_wait(Duration::from_secs(5)),
+    );
+    let url = |p: &str| format!("{}{p}", server.uri());
+
+    assert_eq!(
+        get(&client, &url("/ok"), Some("ok")).await.ok(),
+        Some(StatusCode::OK)
+    );
+    assert_eq!(
+        get(&client, &url("/broken"), Some("broken")).await.ok(),
+        Some(StatusCode::INTERNAL_SERVER_ERROR)
+    );
+    assert_eq!(
+        get(&client, &url("/bad"), Some("bad")).await.ok(),
+        Some(StatusCode::BAD_REQUEST)
+    );
+    // A 200 and a 5xx cost one token; the 400 cost all ten.
+    for (account, left) in [("ok", 9), ("broken", 9), ("bad", 0)] {
+        let quota = store.peek(&key("api", account), api).await.expect("peeks");
+        assert_eq!(quota.remaining(), left, "{account}: {quota:?}");
+    }
+
+    // On an empty bucket a second 400 leaves nine tokens of debt, which the next request waits
+    // off: about ten token periods, where one would be 100 ms.
+    assert_eq!(
+        get(&client, &url("/bad"), Some("bad")).await.ok(),
+        Some(StatusCode::BAD_REQUEST)
+    );
+    let quota = store.peek(&key("api", "bad"), api).await.expect("peeks");
+    assert!(
+        quota.next_token_in() > Duration::from_millis(900)
+            && quota.next_token_in() <= Duration::from_millis(1_000),
+        "{quota:?}"
+    );
+    let start = Instant::now();
+    assert_eq!(
+        get(&client, &url("/ok"), Some("bad")).await.ok(),
+        Some(StatusCode::OK)
+    );
+    let waited = start.elapsed();
+    assert!(
+        waited >= quota.next_token_in() - Duration::from_millis(50)
+            && waited < Duration::from_millis(1_500),
+        "waited {waited:?}"
+    );
+    server.verify().await;
+}
+
+#[tokio::test]
+async fn malformed_back_off_headers_are_ignored_and_huge_ones_clamped() {
+    let server = MockServer::start().await;
+    let too_many = || ResponseTemplate::new(429);
+    mock(
+        &server,
+        "/api/soon",
+        too_many().insert_header("Retry-After", "soon"),
+        1,
+    )
+    .await;
+    mock(
+        &server,
+        "/api/negative",
+        too_many().insert_header("X-Ratelimit-Retry", "-3"),
+        1,
+    )
+    .await;
+    mock(
+        &server,
+        "/api/fallback",
+        too_many()
+            .insert_header("X-Ratelimit-Retry", "-3")
+            .insert_header("Retry-After", "4"),
+        1,
+    )
+    .await;
+    mock(
+        &server,
+        "/api/huge",
+        too_many().insert_header("Retry-After", "99999999"),
+        2,
+    )
+    .await;
+    // One token a second, burst 5: without the 429, four tokens would be left.
+    let api = limit(1, 1_000, 5);
+    let store = MemoryStore::new();
+    let middleware = RateLimitMiddleware::new(store.clone()).route(route("api", api, "/api/*"));
+    let clamped = client(middleware.clone().max_backoff(Duration::from_secs(30)));
+    let default = client(middleware);
+    let url = |p: &str| format!("{}/api/{p}", server.uri());
+
+    let cases = [
+        // The value is ignored: drained for one token period only.
+        (&clamped, "soon", Duration::from_secs(1)),
+        (&clamped, "negative", Duration::from_secs(1)),
+        // The unusable `X-Ratelimit-Retry` is skipped for a usable `Retry-After`.
+        (&clamped, "fallback", Duration::from_secs(4)),
+        // 99999999 s, clamped to the middleware's maximum back-off.
+        (&clamped, "huge", Duration::from_secs(30)),
+        (&default, "huge", Duration::from_secs(600)),
+    ];
+    for (i, (client, case, drained_for)) in cases.into_iter().enumerate() {
+        let account = format!("{case}-{i}");
+        let status = get(client, &url(case), Some(&account)).await;
+        assert_eq!(status.ok(), Some(StatusCode::TOO_MANY_REQUESTS), "{case}");
+        let quota = store.peek(&key("api", &account), api).await.expect("peeks");
+        assert_eq!(quota.remaining(), 0, "{case}: {quota:?}");
+        assert!(
+            quota.next_token_in() <= drained_for
+                && quota.next_token_in() > drained_for - Duration::from_millis(200),
+            "{case}: drained for {drained_for:?}, got {quota:?}"
+        );
+    }
+    server.verify().await;
+}
+
+/// The tests that share buckets between clients through a real Redis.
+#[cfg(feature = "redis")]
+mod shared {
+    use super::*;
+
+    use std::future::Future;
+
+    use burstgate::RedisStore;
+    use redis::aio::MultiplexedConnection;
+
+    async fn connection() -> MultiplexedConnection {
+        redis::Client::open(redis_server::url())
+            .expect("a valid Redis URL")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("a connection to the test Redis")
+    }
+
+    /// A store on a connection of its own, as another process would have.
+    async fn store(prefix: &str) -> RedisStore<MultiplexedConnection> {
+        RedisStore::new(connection().await)
+            .with_prefix(prefix)
+            .expect("a valid prefix")
+    }
+
+    /// Runs `n` calls of `f` at once and waits for all of them.
+    async fn all_at_once<F, T>(n: usize, f: impl Fn() -> F) -> Vec<T>
+    where
+        F: Future<Output = T> + Send + 'static,
+        T: Send + 'static,
+    {
+        let tasks: Vec<_> = (0..n).map(|_| tokio::spawn(f())).collect();
+        let mut out = Vec::with_capacity(n);
+        for task in tasks {
+            out.push(task.await.expect("the task finishes"));
+        }
+        out
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn two_clients_with_their_own_redis_connections_share_one_bucket() {
+        let server = MockServer::start().await;
+        let arrivals = Arrivals::default();
+        let per_client = 20;
+        mock(
+            &server,
+            "/orders",
+            arrivals.answer(ResponseTemplate::new(200)),
+            2 * per_client,
+        )
+        .await;
+        let orders = limit(1, 50, 3);
+        let prefix = redis_server::unique_prefix();
+        let make = |store| {
+            client(
+                RateLimitMiddleware::new(store)
+                    .route(route("orders", orders, "/orders"))
+                    .max_wait(Duration::from_secs(10)),
+            )
+        };
+        let clients = [make(store(&prefix).await), make(store(&prefix).await)];
+        let url = format!("{}/orders", server.uri());
+
+        let mut tasks = Vec::new();
+        for client in &clients {
+            let (client, url) = (client.clone(), url.clone());
+            tasks.push(tokio::spawn(async move {
+                all_at_once(per_client as usize, || {
+                    let (client, url) = (client.clone(), url.clone());
+                    async move { get(&client, &url, Some("seller-1")).await.ok() }
+                })
+                .await
+            }));
+        }
+        for task in tasks {
+            let statuses = task.await.expect("the client's task finishes");
+            assert!(
+                statuses.iter().all(|s| *s == Some(StatusCode::OK)),
+                "every request is sent: {statuses:?}"
+            );
+        }
+
+        let sent = arrivals.sorted();
+        assert_eq!(sent.len(), 2 * per_client as usize);
+        let period = orders.interval().as_secs_f64();
+        for i in 0..sent.len() {
+            for j in i..sent.len() {
+                let window = (sent[j] - sent[i]).as_secs_f64();
+                let count = (j - i + 1) as f64;
+                let allowed = f64::from(orders.burst()) + window / period + 1.0;
+                assert!(
+                    count <= allowed,
+                    "{count} requests within {window:.3} s, at most {allowed:.2} allowed"
+                );
+            }
+        }
+        server.verify().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn an_upstream_429_makes_every_client_back_off_for_the_time_it_names() {
+        let server = MockServer::start().await;
+        let told = Arrivals::default();
+        let after = Arrivals::default();
+        Mock::given(method("GET"))
+            .and(path("/orders"))
+            .respond_with(
+                told.answer(ResponseTemplate::new(429).insert_header("X-Ratelimit-Retry", "2")),
+            )
+            .up_to_n_times(1)
+            .with_priority(1)
+            .expect(1)
+            .mount(&server)
+            .await;
+        mock(
+            &server,
+            "/orders",
+            after.answer(ResponseTemplate::new(200)),
+            2,
+        )
+        .await;
+        // Three tokens in the bucket: without the feedback, both next requests would go at once.
+        let orders = limit(1, 100, 3);
+        let prefix = redis_server::unique_prefix();
+        let make = |store| {
+            client(
+                RateLimitMiddleware::new(store)
+                    .route(route("orders", orders, "/orders"))
+                    .max_wait(Duration::from_secs(10)),
+            )
+        };
+        let told_one = make(store(&prefix).await);
+        let other = make(store(&prefix).await);
+        let url = format!("{}/orders", server.uri());
+
+        let status = get(&told_one, &url, Some("seller-1")).await;
+        assert_eq!(status.ok(), Some(StatusCode::TOO_MANY_REQUESTS));
+        let next = [told_one, other].map(|client| {
+            let url = url.clone();
+            tokio::spawn(async move { get(&client, &url, Some("seller-1")).await.ok() })
+        });
+        for call in next {
+            assert_eq!(
+                call.await.expect("the request task finishes"),
+                Some(StatusCode::OK)
+            );
+        }
+
+        let told_at = told.sorted()[0];
+        let sent: Vec<Duration> = after.sorted().iter().map(|t| *t - told_at).collect();
+        assert_eq!(sent.len(), 2);
+        for waited in &sent {
+            assert!(
+                *waited >= Duration::from_secs(2) - CLOCK_SLACK
+                    && *waited < Duration::from_millis(3_500),
+                "sent after the 429: {sent:?}"
+            );
+        }
+        server.verify().await;
+    }
+
+    #[tokio::test]
+    async fn an_account_header_keys_by_the_token_and_never_stores_it_in_clear() {
+        let server = MockServer::start().await;
+        mock(&server, "/orders", ResponseTemplate::new(200), 2).await;
+        let orders = Limit::per_hour(1).expect("a valid limit");
+        let prefix = redis_server::unique_prefix();
+        let store = store(&prefix).await;
+        let client = client(
+            RateLimitMiddleware::new(store.clone())
+                .route(route("orders", orders, "/orders"))
+                .account_header(http::header::AUTHORIZATION)
+                .max_wait(Duration::ZERO),
+        );
+        let url = format!("{}/orders", server.uri());
+        let tokens = ["Bearer tok-one-S3CRET", "Bearer tok-two-S3CRET"];
+        let send = |token: &'static str| {
+            client
+                .get(&url)
+                .header(http::header::AUTHORIZATION, token)
+                .send()
+        };
+
+        for token in tokens {
+            let first = send(token).await.map(|r| r.status());
+            assert_eq!(first.ok(), Some(StatusCode::OK), "{token}");
+            let again = send(token).await.map(|r| r.status());
+            assert_eq!(local_429(again).bucket(), "orders");
+        }
+
+        let mut conn = connection().await;
+        let mut keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{prefix}:*"))
+            .query_async(&mut conn)
+            .await
+            .expect("KEYS");
+        keys.sort();
+        for k in &keys {
+            assert!(
+                !k.contains("tok-") && !k.contains("S3CRET") && !k.contains("Bearer"),
+                "a token in clear: {k}"
+            );
+        }
+        let mut expected: Vec<String> = tokens
+            .iter()
+            .map(|t| store.redis_key(&BucketKey::hashed("orders", t).expect("a valid key")))
+            .collect();
+        expected.sort();
+        assert_eq!(keys, expected);
+        server.verify().await;
+    }
+}
