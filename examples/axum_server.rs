@@ -1,0 +1,155 @@
+//! An axum server that limits each API key with burstgate's tower layer.
+//!
+//! Every request to `/` must carry an `x-api-key` header. Each key gets its own token bucket:
+//! by default 10 requests per second with a burst of 10. A request over the limit is answered
+//! `429 Too Many Requests` with `Retry-After`, `RateLimit-Policy` and `RateLimit`; admitted ones
+//! carry `RateLimit`.
+//!
+//! Settings, all from the environment:
+//!
+//! - `BIND`: the address to listen on (default `127.0.0.1:3000`; port 0 picks a free one);
+//! - `RATE`: tokens per second (default 10);
+//! - `BURST`: the bucket's capacity (default 10);
+//! - `REDIS_URL`: when set, the buckets live in that Redis (keys under `burstgate-example:`),
+//!   shared by every copy of the server that reaches it; otherwise they live in this process.
+//!
+//! ```sh
+//! BIND=127.0.0.1:3000 cargo run --example axum_server --features tower
+//! curl -i -H 'x-api-key: k1' http://127.0.0.1:3000/
+//! ```
+//!
+//! `examples/flood.rs` checks the promise from outside: `burst + rate × elapsed` admissions under
+//! load, and well-formed 429s.
+
+use std::env;
+use std::error::Error;
+use std::fmt;
+use std::net::SocketAddr;
+
+use axum::Router;
+use axum::http::{HeaderMap, HeaderName, StatusCode};
+use axum::routing::get;
+use burstgate::layer::{KeyExtractor, Rule};
+use burstgate::{BucketStore, Limit, MemoryStore, RateLimitLayer};
+
+/// The header that names the client, and so its bucket.
+static API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn Error>> {
+    let bind: SocketAddr = match var("BIND")? {
+        Some(v) => v.parse().map_err(|e| {
+            Startup(format!(
+                "BIND must be an address such as 127.0.0.1:3000, got {v:?}: {e}"
+            ))
+        })?,
+        None => SocketAddr::from(([127, 0, 0, 1], 3000)),
+    };
+    let rate = positive_env("RATE", 10)?;
+    let burst = positive_env("BURST", 10)?;
+    let limit = Limit::per_second(rate)
+        .and_then(|l| l.with_burst(burst))
+        .map_err(|e| Startup(format!("RATE={rate} BURST={burst}: {e}")))?;
+
+    let (app, store) = match var("REDIS_URL")? {
+        Some(url) => redis_app(&url, limit).await?,
+        None => (app(MemoryStore::new(), limit)?, "memory".to_owned()),
+    };
+
+    let listener = tokio::net::TcpListener::bind(bind)
+        .await
+        .map_err(|e| Startup(format!("cannot listen on {bind}: {e}")))?;
+    println!(
+        "listening on http://{}, store: {store}, limit per x-api-key: {rate} per second, burst {burst}",
+        listener.local_addr()?
+    );
+    axum::serve(listener, app).await?;
+    Ok(())
+}
+
+/// The router: one route, limited per API key on `store`.
+fn app<St>(store: St, limit: Limit) -> Result<Router, Box<dyn Error>>
+where
+    St: BucketStore + Clone + Send + Sync + 'static,
+{
+    let layer = RateLimitLayer::new(store).rule(Rule::new(
+        "per-key",
+        limit,
+        KeyExtractor::header(API_KEY.clone()),
+    )?);
+    Ok(Router::new().route("/", get(hello)).layer(layer))
+}
+
+/// The router on the Redis named by `url`, and how to describe the store without the URL (it may
+/// hold a password).
+#[cfg(feature = "redis")]
+async fn redis_app(url: &str, limit: Limit) -> Result<(Router, String), Box<dyn Error>> {
+    let client =
+        redis::Client::open(url).map_err(|e| Startup(format!("REDIS_URL is not valid: {e}")))?;
+    let addr = client.get_connection_info().addr().to_string();
+    let conn = client
+        .get_connection_manager()
+        .await
+        .map_err(|e| Startup(format!("cannot connect to Redis at {addr}: {e}")))?;
+    let store = burstgate::RedisStore::new(conn).with_prefix("burstgate-example")?;
+    let app = app(store, limit)?;
+    Ok((app, format!("redis at {addr}, prefix burstgate-example")))
+}
+
+#[cfg(not(feature = "redis"))]
+async fn redis_app(_url: &str, _limit: Limit) -> Result<(Router, String), Box<dyn Error>> {
+    Err(Startup("REDIS_URL is set, but this build lacks the `redis` feature".to_owned()).into())
+}
+
+/// The handler. The layer only limits requests that carry an API key (a limit keyed by the key
+/// cannot count requests without one), so keyless requests reach it, and it refuses them with 401:
+/// letting them through would leave them unlimited.
+async fn hello(headers: HeaderMap) -> (StatusCode, &'static str) {
+    match headers.get(&API_KEY) {
+        Some(key) if !key.is_empty() => (StatusCode::OK, "hello\n"),
+        _ => (StatusCode::UNAUTHORIZED, "missing x-api-key header\n"),
+    }
+}
+
+/// A whole number of at least 1 from the environment variable `name`, or `default` when unset.
+fn positive_env(name: &str, default: u32) -> Result<u32, Startup> {
+    let Some(v) = var(name)? else {
+        return Ok(default);
+    };
+    match v.trim().parse::<u32>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(Startup(format!(
+            "{name} must be a whole number from 1 to {}, got {v:?}",
+            u32::MAX
+        ))),
+    }
+}
+
+/// The environment variable `name`, `None` when unset.
+fn var(name: &str) -> Result<Option<String>, Startup> {
+    match env::var(name) {
+        Ok(v) => Ok(Some(v)),
+        Err(env::VarError::NotPresent) => Ok(None),
+        Err(env::VarError::NotUnicode(v)) => {
+            Err(Startup(format!("{name} is not valid UTF-8: {v:?}")))
+        }
+    }
+}
+
+/// A setting or start-up failure, in words. Its `Debug` is its message, because that is what
+/// `main` prints when it returns an error.
+struct Startup(String);
+
+impl fmt::Debug for Startup {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Display for Startup {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl Error for Startup {}
