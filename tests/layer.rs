@@ -183,6 +183,10 @@ async fn a_burst_of_ten_admits_ten_then_answers_429_with_the_draft_fields() {
             left => format!("\"per-key\";r={left};t=0"),
         };
         assert_eq!(header(&res, "ratelimit"), Some(expected.as_str()));
+        assert_eq!(
+            header(&res, "ratelimit-policy"),
+            Some("\"per-key\";q=10;w=600")
+        );
         assert_eq!(header(&res, "retry-after"), None);
     }
 

@@ -6,7 +6,7 @@ use http::{HeaderValue, Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use super::response::RATELIMIT;
+use super::response::{RATELIMIT, RATELIMIT_POLICY};
 use super::service::Verdict;
 use crate::BucketStore;
 use crate::store::BoxFuture;
@@ -45,12 +45,12 @@ pin_project! {
             guard: Option<RefundGuard<St>>,
             inner: Option<S>,
             req: Option<Request<ReqBody>>,
-            ratelimit: Option<HeaderValue>,
+            ratelimit: Option<(HeaderValue, HeaderValue)>,
         },
         Calling {
             #[pin]
             fut: S::Future,
-            ratelimit: Option<HeaderValue>,
+            ratelimit: Option<(HeaderValue, HeaderValue)>,
         },
         Done,
     }
@@ -78,7 +78,7 @@ where
     pub(crate) fn call(
         mut inner: S,
         req: Request<ReqBody>,
-        ratelimit: Option<HeaderValue>,
+        ratelimit: Option<(HeaderValue, HeaderValue)>,
     ) -> Self {
         Self {
             state: State::Calling {
@@ -160,7 +160,8 @@ where
                 }
                 StateProj::Calling { fut, ratelimit } => {
                     let mut res = ready!(fut.poll(cx))?;
-                    if let Some(value) = ratelimit.take() {
+                    if let Some((policy, value)) = ratelimit.take() {
+                        res.headers_mut().insert(RATELIMIT_POLICY.clone(), policy);
                         res.headers_mut().insert(RATELIMIT.clone(), value);
                     }
                     this.state.set(State::Done);

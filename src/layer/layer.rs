@@ -70,8 +70,8 @@ impl<St: BucketStore + Clone> RateLimitLayer<St> {
         self
     }
 
-    /// Whether admitted responses carry the `RateLimit` field (default: yes). Rejections always
-    /// carry `Retry-After`, `RateLimit-Policy` and `RateLimit`.
+    /// Whether admitted responses carry the `RateLimit-Policy` and `RateLimit` fields (default:
+    /// yes). Rejections always carry `Retry-After`, `RateLimit-Policy` and `RateLimit`.
     #[must_use]
     pub fn headers_on_success(mut self, on: bool) -> Self {
         Arc::make_mut(&mut self.config).headers_on_success = on;

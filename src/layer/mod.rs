@@ -47,9 +47,10 @@
 //!
 //! # Answers
 //!
-//! - Admitted: the inner service's response, with a `RateLimit` field
+//! - Admitted: the inner service's response, with the `RateLimit-Policy` and `RateLimit` fields
 //!   (`"<rule>";r=<remaining>;t=<seconds until the next token>`, one item per rule that applied;
-//!   turn off with [`RateLimitLayer::headers_on_success`]).
+//!   `t=0` while a whole token is left; turn both off with
+//!   [`RateLimitLayer::headers_on_success`]).
 //! - Refused: `429 Too Many Requests` with `Retry-After` (whole seconds, rounded up, never 0),
 //!   `RateLimit-Policy` (`"<rule>";q=<burst>;w=<seconds to refill from empty>`) and `RateLimit`,
 //!   in the form of draft-ietf-httpapi-ratelimit-headers-10, and a short text body. Status, body

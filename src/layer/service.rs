@@ -74,7 +74,8 @@ pub(crate) enum Verdict<St: BucketStore + Clone, R> {
     Admit {
         wait: Duration,
         guard: RefundGuard<St>,
-        ratelimit: Option<http::HeaderValue>,
+        /// `RateLimit-Policy` and `RateLimit` for the response.
+        ratelimit: Option<(http::HeaderValue, http::HeaderValue)>,
     },
     /// A rule refused; everything taken by earlier rules has been given back.
     Reject(R),
@@ -148,11 +149,10 @@ pub(crate) async fn decide<St: BucketStore + Clone, B: From<String>>(
         }
     }
     let ratelimit = if config.headers_on_success {
-        response::ratelimit(
-            decisions
-                .iter()
-                .map(|(i, d, _)| Item::admitted(config.rules[*i].bucket(), d)),
-        )
+        let applied = decisions.iter().map(|(i, d, _)| (&config.rules[*i], d));
+        let policy = response::policy(applied.clone().map(|(r, _)| (r.bucket(), r.limit)));
+        let items = response::ratelimit(applied.map(|(r, d)| Item::admitted(r.bucket(), d)));
+        policy.zip(items)
     } else {
         None
     };
