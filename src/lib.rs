@@ -182,9 +182,16 @@
 //! | `redis`   | yes     | [`RedisStore`], on redis-rs with tokio. |
 //! | `tower`   | no      | The tower layer `RateLimitLayer` in [`layer`], for HTTP services (axum, hyper, tonic, tower-http clients). |
 //! | `axum`    | no      | Lets [`layer::KeyExtractor::peer_ip`] read axum's `ConnectInfo<SocketAddr>`; implies `tower`. |
-//! | `reqwest` | no      | Reserved for the reqwest `RateLimitMiddleware`, which lands in a later release. Today it only pulls in its dependencies and adds no API. |
+//! | `reqwest` | no      | The reqwest-middleware `RateLimitMiddleware` in [`middleware`], for clients of rate-limited APIs. |
 //!
 //! Without any feature, the crate is [`MemoryStore`] and the types around it.
+//!
+//! # Calling a rate-limited API
+//!
+//! With the `reqwest` feature, [`RateLimitMiddleware`] spends a shared budget before each
+//! request of a `reqwest_middleware` client: it waits its turn through a reservation, never sends
+//! a request the budget does not allow (the "local 429", a [`RateLimited`] error), and drains the
+//! shared bucket when the upstream still answers 429. See the [`middleware`] module.
 //!
 //! # Protecting a service
 //!

@@ -78,7 +78,7 @@ const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(600);
 /// }
 /// ```
 ///
-/// A store failure is a `Middleware` error holding the [`StoreError`](crate::StoreError).
+/// A store failure is a `Middleware` error holding the [`StoreError`].
 ///
 /// # With retries
 ///
