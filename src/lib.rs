@@ -251,7 +251,7 @@ pub use store::{
     BackendError, BoxFuture, BucketStore, Decision, DynBucketStore, MemoryStore, Quota, StoreError,
 };
 
-// The README's examples need the `redis` and `tower` features to compile.
+// The README's examples need the `redis`, `tower` and `reqwest` features to compile.
 #[doc = include_str!("../README.md")]
-#[cfg(all(doctest, feature = "redis", feature = "tower"))]
+#[cfg(all(doctest, feature = "redis", feature = "tower", feature = "reqwest"))]
 pub struct ReadmeDoctests;
