@@ -610,43 +610,11 @@ async fn a_failing_store_answers_503_without_calling_the_inner_service() {
     assert_eq!(res.expect("a response").status(), StatusCode::OK);
 }
 
-/// A Redis connection whose every call fails with an I/O error, as a dead server's would.
 #[cfg(feature = "redis")]
-#[derive(Clone)]
-struct FailingConnection;
-
+#[path = "support/failing_connection.rs"]
+mod failing_connection;
 #[cfg(feature = "redis")]
-impl redis::aio::ConnectionLike for FailingConnection {
-    fn req_packed_command<'a>(
-        &'a mut self,
-        _: &'a redis::Cmd,
-    ) -> redis::RedisFuture<'a, redis::Value> {
-        Box::pin(async {
-            Err(redis::RedisError::from((
-                redis::ErrorKind::Io,
-                "connection refused",
-            )))
-        })
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        _: &'a redis::Pipeline,
-        _: usize,
-        _: usize,
-    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
-        Box::pin(async {
-            Err(redis::RedisError::from((
-                redis::ErrorKind::Io,
-                "connection refused",
-            )))
-        })
-    }
-
-    fn get_db(&self) -> i64 {
-        0
-    }
-}
+use failing_connection::FailingConnection;
 
 #[tokio::test(start_paused = true)]
 async fn a_cost_of_zero_or_above_the_burst_answers_500() {

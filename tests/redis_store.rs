@@ -232,7 +232,7 @@ fn debug_output_shows_no_connection() {
             .expect("a valid prefix")
     );
     assert!(
-        shown.contains("\"app\"") && !shown.contains("NoConnection"),
+        shown.contains("\"app\"") && !shown.contains("Connection"),
         "{shown}"
     );
 }
@@ -245,28 +245,6 @@ fn bad_prefixes_are_refused() {
     }
 }
 
-/// A connection that is never used, for tests of construction alone.
-#[derive(Clone)]
-struct NoConnection;
-
-impl redis::aio::ConnectionLike for NoConnection {
-    fn req_packed_command<'a>(
-        &'a mut self,
-        _: &'a redis::Cmd,
-    ) -> redis::RedisFuture<'a, redis::Value> {
-        Box::pin(async { Err(redis::RedisError::from((redis::ErrorKind::Io, "unused"))) })
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        _: &'a redis::Pipeline,
-        _: usize,
-        _: usize,
-    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
-        Box::pin(async { Err(redis::RedisError::from((redis::ErrorKind::Io, "unused"))) })
-    }
-
-    fn get_db(&self) -> i64 {
-        0
-    }
-}
+#[path = "support/failing_connection.rs"]
+mod failing_connection;
+use failing_connection::FailingConnection as NoConnection;
