@@ -232,6 +232,9 @@ mod limit;
 #[cfg(feature = "reqwest")]
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
 pub mod middleware;
+#[cfg(feature = "reqwest")]
+#[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
+pub mod seller;
 mod store;
 
 pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
