@@ -62,9 +62,14 @@ pub struct MemoryStore<C = SystemClock> {
 }
 
 struct Inner {
-    shards: Box<[Mutex<Shard>]>,
+    shards: Box<[Padded]>,
     hasher: RandomState,
 }
+
+/// A shard on cache lines of its own, so threads working on neighbouring shards do not slow
+/// each other down by writing to the same line (false sharing).
+#[repr(align(128))]
+struct Padded(Mutex<Shard>);
 
 struct Shard {
     buckets: HashMap<Box<str>, Entry>,
@@ -99,11 +104,11 @@ impl<C: Clock> MemoryStore<C> {
         let count = (parallelism * 4).next_power_of_two().max(16);
         let shards = (0..count)
             .map(|_| {
-                Mutex::new(Shard {
+                Padded(Mutex::new(Shard {
                     buckets: HashMap::new(),
                     sweep_at_len: MIN_SWEEP_LEN,
                     sweep_at_ms: 0,
-                })
+                }))
             })
             .collect();
         Self {
@@ -120,7 +125,7 @@ impl<C: Clock> MemoryStore<C> {
         self.inner
             .shards
             .iter()
-            .map(|s| lock(s).buckets.len())
+            .map(|s| lock(&s.0).buckets.len())
             .sum()
     }
 
@@ -133,7 +138,7 @@ impl<C: Clock> MemoryStore<C> {
     pub fn sweep(&self) {
         let now = bucket::time(self.clock.now_ms());
         for shard in self.inner.shards.iter() {
-            lock(shard).sweep(now);
+            lock(&shard.0).sweep(now);
         }
     }
 
@@ -147,34 +152,44 @@ impl<C: Clock> MemoryStore<C> {
         let hash = self.inner.hasher.hash_one(id);
         // The low bits pick the shard; the map hashes again with its own seed.
         let index = (hash as usize) & (self.inner.shards.len() - 1);
-        let mut shard = lock(&self.inner.shards[index]);
+        let mut shard = lock(&self.inner.shards[index].0);
         let now_ms = self.clock.now_ms();
         let now = bucket::time(now_ms);
         if now >= shard.sweep_at_ms as f64 {
             shard.sweep(now);
         }
-        let state = shard.buckets.get(id).map(|e| e.state);
-        let (out, write) = f(state, now_ms);
-        if let Some(w) = write {
-            if w.full <= now {
-                shard.buckets.remove(id);
-            } else if let Some(e) = shard.buckets.get_mut(id) {
-                *e = Entry {
-                    state: w.state,
-                    full: w.full,
-                };
-            } else {
-                if shard.buckets.len() >= shard.sweep_at_len {
-                    shard.sweep(now);
-                }
-                shard.buckets.insert(
-                    id.into(),
-                    Entry {
+        // An existing bucket is read and written through one lookup: the hot path.
+        if let Some(entry) = shard.buckets.get_mut(id) {
+            let (out, write) = f(Some(entry.state), now_ms);
+            match write {
+                Some(w) if w.full > now => {
+                    *entry = Entry {
                         state: w.state,
                         full: w.full,
-                    },
-                );
+                    }
+                }
+                // Full again: a missing bucket says the same, in less memory.
+                Some(_) => {
+                    shard.buckets.remove(id);
+                }
+                None => {}
             }
+            return out;
+        }
+        let (out, write) = f(None, now_ms);
+        if let Some(w) = write
+            && w.full > now
+        {
+            if shard.buckets.len() >= shard.sweep_at_len {
+                shard.sweep(now);
+            }
+            shard.buckets.insert(
+                id.into(),
+                Entry {
+                    state: w.state,
+                    full: w.full,
+                },
+            );
         }
         out
     }
