@@ -206,7 +206,8 @@
 //! A failed Redis call (connection lost, timeout, an unexpected reply) is returned as
 //! [`StoreError::Backend`], with the redis-rs error as its [`source`](std::error::Error::source);
 //! a key of the wrong type under the prefix is [`StoreError::WrongType`], naming the key. The
-//! caller decides what to do; the tower layer answers `503 Service Unavailable`. Configurable
+//! caller decides what to do; the tower layer answers `503 Service Unavailable`, and the reqwest
+//! middleware returns the `StoreError` as its error without sending the request. Configurable
 //! outage policies (fail open, fail closed, fall back to a local bucket) come in a later release.
 //!
 //! # Arithmetic and units
