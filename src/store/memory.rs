@@ -1,11 +1,12 @@
 //! The in-process store.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::future::{Future, ready};
-use std::hash::{BuildHasher, RandomState};
+use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
+
+use hashbrown::{DefaultHashBuilder, HashTable};
 
 use crate::bucket::{self, State, Write};
 use crate::clock::{Clock, SystemClock, deadline_ms};
@@ -63,7 +64,7 @@ pub struct MemoryStore<C = SystemClock> {
 
 struct Inner {
     shards: Box<[Padded]>,
-    hasher: RandomState,
+    hasher: DefaultHashBuilder,
 }
 
 /// A shard on cache lines of its own, so threads working on neighbouring shards do not slow
@@ -72,7 +73,7 @@ struct Inner {
 struct Padded(Mutex<Shard>);
 
 struct Shard {
-    buckets: HashMap<Box<str>, Entry>,
+    buckets: HashTable<(Box<str>, Entry)>,
     sweep_at_len: usize,
     sweep_at_ms: u64,
 }
@@ -105,7 +106,7 @@ impl<C: Clock> MemoryStore<C> {
         let shards = (0..count)
             .map(|_| {
                 Padded(Mutex::new(Shard {
-                    buckets: HashMap::new(),
+                    buckets: HashTable::new(),
                     sweep_at_len: MIN_SWEEP_LEN,
                     sweep_at_ms: 0,
                 }))
@@ -114,7 +115,7 @@ impl<C: Clock> MemoryStore<C> {
         Self {
             inner: Arc::new(Inner {
                 shards,
-                hasher: RandomState::new(),
+                hasher: DefaultHashBuilder::default(),
             }),
             clock,
         }
@@ -138,7 +139,7 @@ impl<C: Clock> MemoryStore<C> {
     pub fn sweep(&self) {
         let now = bucket::time(self.clock.now_ms());
         for shard in self.inner.shards.iter() {
-            lock(&shard.0).sweep(now);
+            lock(&shard.0).sweep(now, &self.inner.hasher);
         }
     }
 
@@ -149,17 +150,21 @@ impl<C: Clock> MemoryStore<C> {
         f: impl FnOnce(Option<State>, u64) -> (T, Option<Write>),
     ) -> T {
         let id = key.as_str();
-        let hash = self.inner.hasher.hash_one(id);
-        // The low bits pick the shard; the map hashes again with its own seed.
-        let index = (hash as usize) & (self.inner.shards.len() - 1);
+        let hasher = &self.inner.hasher;
+        // One hash serves both the shard and the lookup inside it. The shard takes bits 32 and
+        // up, which the table leaves alone (it uses the low bits for the slot and the top seven
+        // for its tags), so keys within a shard stay spread.
+        let hash = hasher.hash_one(id);
+        let index = ((hash >> 32) as usize) & (self.inner.shards.len() - 1);
         let mut shard = lock(&self.inner.shards[index].0);
         let now_ms = self.clock.now_ms();
         let now = bucket::time(now_ms);
         if now >= shard.sweep_at_ms as f64 {
-            shard.sweep(now);
+            shard.sweep(now, hasher);
         }
+        let is_key = |(k, _): &(Box<str>, Entry)| &**k == id;
         // An existing bucket is read and written through one lookup: the hot path.
-        if let Some(entry) = shard.buckets.get_mut(id) {
+        if let Some((_, entry)) = shard.buckets.find_mut(hash, is_key) {
             let (out, write) = f(Some(entry.state), now_ms);
             match write {
                 Some(w) if w.full > now => {
@@ -170,7 +175,9 @@ impl<C: Clock> MemoryStore<C> {
                 }
                 // Full again: a missing bucket says the same, in less memory.
                 Some(_) => {
-                    shard.buckets.remove(id);
+                    if let Ok(found) = shard.buckets.find_entry(hash, is_key) {
+                        found.remove();
+                    }
                 }
                 None => {}
             }
@@ -181,26 +188,27 @@ impl<C: Clock> MemoryStore<C> {
             && w.full > now
         {
             if shard.buckets.len() >= shard.sweep_at_len {
-                shard.sweep(now);
+                shard.sweep(now, hasher);
             }
-            shard.buckets.insert(
-                id.into(),
-                Entry {
-                    state: w.state,
-                    full: w.full,
-                },
-            );
+            let entry = Entry {
+                state: w.state,
+                full: w.full,
+            };
+            shard
+                .buckets
+                .insert_unique(hash, (id.into(), entry), |(k, _)| hasher.hash_one(&**k));
         }
         out
     }
 }
 
 impl Shard {
-    fn sweep(&mut self, now: f64) {
-        self.buckets.retain(|_, e| e.full > now);
+    fn sweep(&mut self, now: f64, hasher: &DefaultHashBuilder) {
+        self.buckets.retain(|(_, e)| e.full > now);
         let len = self.buckets.len();
         if self.buckets.capacity() > 4 * len.max(MIN_SWEEP_LEN) {
-            self.buckets.shrink_to(2 * len);
+            self.buckets
+                .shrink_to(2 * len, |(k, _)| hasher.hash_one(&**k));
         }
         self.sweep_at_len = (2 * len).max(MIN_SWEEP_LEN);
         // `now` is a whole number of milliseconds no larger than 2^53.

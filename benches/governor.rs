@@ -1,0 +1,151 @@
+//! `MemoryStore` against governor's keyed limiter, on the same key distributions.
+//!
+//! - `keyed/{burstgate,governor}/1_key`: one `String` key, one thread.
+//! - `keyed/{burstgate,governor}/10k_keys`: 10,000 `String` keys, round robin, one thread.
+//! - `keyed/{burstgate,governor}/10k_keys_2_threads`: the same on two threads at once, each
+//!   making the measured number of decisions (throughput counts both).
+//!
+//! Both limiters admit every request (a rate no run can exhaust), so each measures its admit
+//! path. burstgate reads `SystemClock` (wall time, as a shared bucket needs); governor reads its
+//! default monotonic clock. `cargo bench --bench governor`.
+
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::pin::pin;
+use std::sync::{Arc, Barrier};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use burstgate::{BucketKey, BucketStore, Limit, MemoryStore};
+use criterion::{Criterion, Throughput};
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+
+const MANY_KEYS: usize = 10_000;
+
+fn limit() -> Limit {
+    Limit::per_second(u32::MAX).expect("a valid limit")
+}
+
+fn governor_limiter() -> DefaultKeyedRateLimiter<String> {
+    RateLimiter::keyed(Quota::per_second(NonZeroU32::MAX))
+}
+
+fn names(count: usize) -> Vec<String> {
+    (0..count).map(|i| format!("client-{i}")).collect()
+}
+
+fn bucket_keys(names: &[String]) -> Vec<BucketKey> {
+    names
+        .iter()
+        .map(|n| BucketKey::new("bench", n).expect("a valid key"))
+        .collect()
+}
+
+/// `n` decisions on `store`, round robin over `keys` from `start`; a `MemoryStore` future is
+/// ready on its first poll, so no runtime is involved.
+fn burstgate_loop(store: &MemoryStore, keys: &[BucketKey], start: usize, n: u64) {
+    let limit = limit();
+    let mut cx = Context::from_waker(Waker::noop());
+    for i in 0..n as usize {
+        let key = &keys[(start + i) % keys.len()];
+        let decided = match pin!(store.acquire(key, limit, 1, Duration::ZERO)).poll(&mut cx) {
+            Poll::Ready(d) => d.expect("the acquire succeeds"),
+            Poll::Pending => panic!("a MemoryStore future was pending"),
+        };
+        assert!(black_box(decided).is_admitted());
+    }
+}
+
+fn governor_loop(limiter: &DefaultKeyedRateLimiter<String>, keys: &[String], start: usize, n: u64) {
+    for i in 0..n as usize {
+        let key = &keys[(start + i) % keys.len()];
+        assert!(black_box(limiter.check_key(key)).is_ok());
+    }
+}
+
+/// Runs `work(worker, iters)` on two threads at once and returns the wall time.
+fn two_threads(iters: u64, work: impl Fn(usize, u64) + Sync) -> Duration {
+    let barrier = Barrier::new(2);
+    let elapsed = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..2)
+            .map(|w| {
+                let (barrier, work) = (&barrier, &work);
+                s.spawn(move || {
+                    barrier.wait();
+                    let start = Instant::now();
+                    work(w, iters);
+                    start.elapsed()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("the worker finishes"))
+            .max()
+            .unwrap_or_default()
+    });
+    black_box(elapsed)
+}
+
+fn bench(c: &mut Criterion) {
+    let mut group = c.benchmark_group("keyed");
+    group
+        .sample_size(20)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3));
+
+    for (name, count) in [("1_key", 1), ("10k_keys", MANY_KEYS)] {
+        let strings = names(count);
+        let keys = bucket_keys(&strings);
+        group.throughput(Throughput::Elements(1));
+
+        let store = MemoryStore::new();
+        let mut next = 0;
+        group.bench_function(format!("burstgate/{name}"), |b| {
+            b.iter_custom(|iters| {
+                let start = Instant::now();
+                burstgate_loop(&store, &keys, next, iters);
+                next = (next + iters as usize) % keys.len();
+                start.elapsed()
+            })
+        });
+
+        let limiter = governor_limiter();
+        let mut next = 0;
+        group.bench_function(format!("governor/{name}"), |b| {
+            b.iter_custom(|iters| {
+                let start = Instant::now();
+                governor_loop(&limiter, &strings, next, iters);
+                next = (next + iters as usize) % strings.len();
+                start.elapsed()
+            })
+        });
+    }
+
+    let strings: Arc<[String]> = names(MANY_KEYS).into();
+    let keys: Arc<[BucketKey]> = bucket_keys(&strings).into();
+    group.throughput(Throughput::Elements(2));
+    let store = MemoryStore::new();
+    group.bench_function("burstgate/10k_keys_2_threads", |b| {
+        b.iter_custom(|iters| {
+            two_threads(iters, |w, n| {
+                burstgate_loop(&store, &keys, w * MANY_KEYS / 2, n)
+            })
+        })
+    });
+    let limiter = governor_limiter();
+    group.bench_function("governor/10k_keys_2_threads", |b| {
+        b.iter_custom(|iters| {
+            two_threads(iters, |w, n| {
+                governor_loop(&limiter, &strings, w * MANY_KEYS / 2, n)
+            })
+        })
+    });
+    group.finish();
+}
+
+fn main() {
+    let mut c = Criterion::default().configure_from_args();
+    bench(&mut c);
+    c.final_summary();
+}
