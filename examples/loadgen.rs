@@ -1,0 +1,521 @@
+//! Decisions per second and latency of a [`RedisStore`] shared by many tasks over one
+//! multiplexed connection, for comparing with `redis-benchmark` running the same script.
+//!
+//! `--concurrency` tokio tasks share one [`MultiplexedConnection`] and take decisions of cost 1
+//! back to back, each on a key drawn uniformly at random, first for `--warmup-seconds` (not
+//! measured) and then for `--seconds`. A fraction `--deny` of the decisions are denials: the keys
+//! are split into an "allow" set on a limit that always admits (2^32 − 1 per second) and a "deny"
+//! set on 1 per hour, burst 1, whose buckets are emptied before the run; each decision picks the
+//! deny set with probability `--deny`. A plain denial and an admission are the two paths a
+//! decision can take through the script, so the mix decides how much Redis work a decision costs.
+//!
+//! ```sh
+//! redis-server --port 6390 --save '' --appendonly no --daemonize no &
+//! cargo run --release --example loadgen -- --url redis://127.0.0.1:6390/ \
+//!     --concurrency 64 --keys 10000 --seconds 5 --deny 0.0
+//! ```
+//!
+//! Options: `--url` (or `REDIS_URL`; required, so a shared Redis is never written to by
+//! accident), `--concurrency 64`, `--keys 10000` (allow and deny sets together), `--seconds 5`,
+//! `--warmup-seconds 1`, `--deny 0.0` (0.0 to 1.0), `--prefix loadgen-<pid>-<ms>` (the key
+//! prefix; new on every run, so the deny set starts from buckets this run emptied).
+//!
+//! It prints one line:
+//!
+//! ```text
+//! loadgen C=64 keys=10000 deny=0.00 secs=5.0 decisions=912345 denied=0.000 errors=0
+//!   rate=182469/s p50=342.1us p99=601.3us p999=812.0us redis_calls=912345
+//!   redis_usec_per_call=4.51
+//! ```
+//!
+//! (on one line). Latency is per decision, from the call to `acquire` to its answer, recorded
+//! in a log-linear histogram (64 steps per power of two, so quantiles are within 1.6 %).
+//! `redis_calls` and `redis_usec_per_call` are the server's `INFO commandstats` for `evalsha`,
+//! taken as the difference between before and after the measured run: the Redis CPU time per
+//! script call, which sets the ceiling of one Redis. Other clients of the same server count
+//! too, so measure on a Redis of your own.
+//!
+//! The same script with the same arguments, straight from `redis-benchmark` (the arguments are
+//! op 1 = acquire, now in ms, tokens, interval in ms, burst, cost, max wait in ms):
+//!
+//! ```sh
+//! SHA=$(redis-cli -p 6390 SCRIPT LOAD "$(cat src/store/bucket.lua)")
+//! redis-benchmark -p 6390 -c 64 -n 1000000 -r 10000 -P 1 EVALSHA $SHA 1 bench:__rand_int__ \
+//!     1 1700000000000 4294967295 1000 4294967295 1 0
+//! ```
+//!
+//! Add `-P 16` for the pipelined ceiling.
+
+use std::error::Error;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use burstgate::{BucketKey, BucketStore, Limit, RedisStore};
+use redis::AsyncConnectionConfig;
+use redis::aio::MultiplexedConnection;
+
+const USAGE: &str = "usage: loadgen --url redis://HOST:PORT/ [--concurrency 64] [--keys 10000] \
+                     [--seconds 5] [--warmup-seconds 1] [--deny 0.0] [--prefix P]  \
+                     (REDIS_URL may name the Redis instead of --url)";
+
+/// Generous, so that a loaded Redis shows up as latency rather than as errors.
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
+
+type BoxError = Box<dyn Error + Send + Sync>;
+
+struct Args {
+    url: String,
+    concurrency: usize,
+    keys: usize,
+    seconds: f64,
+    warmup_seconds: f64,
+    deny: f64,
+    prefix: String,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let millis = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    let mut args = Args {
+        url: std::env::var("REDIS_URL").unwrap_or_default(),
+        concurrency: 64,
+        keys: 10_000,
+        seconds: 5.0,
+        warmup_seconds: 1.0,
+        deny: 0.0,
+        prefix: format!("loadgen-{}-{millis}", std::process::id()),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        if flag == "--help" || flag == "-h" {
+            return Err(USAGE.into());
+        }
+        let (name, value) = match flag.split_once('=') {
+            Some((name, value)) => (name.to_owned(), value.to_owned()),
+            None => {
+                let value = it
+                    .next()
+                    .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))?;
+                (flag, value)
+            }
+        };
+        let bad = |e: &dyn std::fmt::Display| format!("{name} {value:?}: {e}\n{USAGE}");
+        match name.as_str() {
+            "--url" => args.url = value.clone(),
+            "--concurrency" => args.concurrency = value.parse().map_err(|e| bad(&e))?,
+            "--keys" => args.keys = value.parse().map_err(|e| bad(&e))?,
+            "--seconds" => args.seconds = value.parse().map_err(|e| bad(&e))?,
+            "--warmup-seconds" => args.warmup_seconds = value.parse().map_err(|e| bad(&e))?,
+            "--deny" => args.deny = value.parse().map_err(|e| bad(&e))?,
+            "--prefix" => args.prefix = value.clone(),
+            _ => return Err(format!("unknown option {name}\n{USAGE}")),
+        }
+    }
+    if args.url.is_empty() {
+        return Err(format!("--url (or REDIS_URL) is required\n{USAGE}"));
+    }
+    if args.concurrency == 0 {
+        return Err("--concurrency must be at least 1".into());
+    }
+    if !(0.0..=1.0).contains(&args.deny) {
+        return Err("--deny must be between 0.0 and 1.0".into());
+    }
+    let sets_needed = 1 + usize::from(args.deny > 0.0 && args.deny < 1.0);
+    if args.keys < sets_needed {
+        return Err(format!(
+            "--keys must be at least {sets_needed} for this --deny"
+        ));
+    }
+    if !(args.seconds > 0.0 && args.seconds.is_finite()) {
+        return Err("--seconds must be a positive number".into());
+    }
+    if !(args.warmup_seconds >= 0.0 && args.warmup_seconds.is_finite()) {
+        return Err("--warmup-seconds must be zero or more".into());
+    }
+    Ok(args)
+}
+
+/// The keys and limits a run spends.
+struct Workload {
+    allow: Vec<BucketKey>,
+    allow_limit: Limit,
+    deny: Vec<BucketKey>,
+    deny_limit: Limit,
+    /// The probability of a decision going to the deny set, scaled to `u64`.
+    deny_threshold: u64,
+}
+
+impl Workload {
+    fn new(keys: usize, deny: f64) -> Result<Self, BoxError> {
+        // The deny set gets its share of the keys, and at least one key when it is used at all.
+        let mut deny_keys = (keys as f64 * deny).round() as usize;
+        if deny > 0.0 {
+            deny_keys = deny_keys.max(1);
+        }
+        if deny < 1.0 {
+            deny_keys = deny_keys.min(keys - 1);
+        }
+        let allow = (0..keys - deny_keys)
+            .map(|i| BucketKey::new("allow", format!("client-{i}")))
+            .collect::<Result<_, _>>()?;
+        let deny_set = (0..deny_keys)
+            .map(|i| BucketKey::new("deny", format!("client-{i}")))
+            .collect::<Result<_, _>>()?;
+        let deny_threshold = if deny >= 1.0 {
+            u64::MAX
+        } else {
+            (deny * u64::MAX as f64) as u64
+        };
+        Ok(Self {
+            allow,
+            allow_limit: Limit::per_second(u32::MAX)?,
+            deny: deny_set,
+            deny_limit: Limit::per_hour(1)?.with_burst(1)?,
+            deny_threshold,
+        })
+    }
+
+    /// The next decision's key and limit, and whether it should be a denial.
+    fn pick(&self, rng: &mut Rng) -> (&BucketKey, Limit, bool) {
+        let r = rng.next();
+        if r < self.deny_threshold || self.allow.is_empty() {
+            (
+                &self.deny[rng.below(self.deny.len())],
+                self.deny_limit,
+                true,
+            )
+        } else {
+            (
+                &self.allow[rng.below(self.allow.len())],
+                self.allow_limit,
+                false,
+            )
+        }
+    }
+}
+
+/// xorshift64*: enough randomness to spread keys, with no dependency and no allocation.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Self {
+        // SplitMix64 of the seed, so that nearby seeds give unrelated streams; never zero.
+        let mut z = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        Self((z ^ (z >> 31)) | 1)
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Uniform in `0..n` (Lemire's multiply-shift; the bias is below 2^-40 for our `n`).
+    fn below(&mut self, n: usize) -> usize {
+        ((u128::from(self.next()) * n as u128) >> 64) as usize
+    }
+}
+
+/// Latencies in nanoseconds: exact below 64 ns, then 64 buckets per power of two up to 2^37 ns
+/// (about 137 s; anything longer lands in the last bucket).
+struct Histogram {
+    counts: Box<[u64; Self::BUCKETS]>,
+}
+
+impl Histogram {
+    const SUB_BITS: u32 = 6;
+    const SUB: u64 = 1 << Self::SUB_BITS;
+    const MAX_VALUE: u64 = (1 << 37) - 1;
+    const BUCKETS: usize = ((37 - Self::SUB_BITS as usize) + 1) * Self::SUB as usize;
+
+    fn new() -> Self {
+        Self {
+            counts: Box::new([0; Self::BUCKETS]),
+        }
+    }
+
+    fn index(value: u64) -> usize {
+        let v = value.min(Self::MAX_VALUE);
+        if v < Self::SUB {
+            return v as usize;
+        }
+        let shift = v.ilog2() - Self::SUB_BITS;
+        let sub = (v >> shift) & (Self::SUB - 1);
+        ((u64::from(shift) + 1) * Self::SUB + sub) as usize
+    }
+
+    /// The middle of bucket `i`'s range.
+    fn value(i: usize) -> f64 {
+        let i = i as u64;
+        if i < Self::SUB {
+            return i as f64;
+        }
+        let shift = i / Self::SUB - 1;
+        let low = (Self::SUB + i % Self::SUB) << shift;
+        low as f64 + ((1_u64 << shift) as f64 - 1.0) / 2.0
+    }
+
+    fn record(&mut self, d: Duration) {
+        let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        self.counts[Self::index(ns)] += 1;
+    }
+
+    fn merge(&mut self, other: &Self) {
+        for (a, b) in self.counts.iter_mut().zip(other.counts.iter()) {
+            *a += b;
+        }
+    }
+
+    fn total(&self) -> u64 {
+        self.counts.iter().sum()
+    }
+
+    /// The `q` quantile in microseconds (the least value with at least `q` of the calls at or
+    /// below it); zero for an empty histogram.
+    fn quantile_us(&self, q: f64) -> f64 {
+        let total = self.total();
+        if total == 0 {
+            return 0.0;
+        }
+        let rank = ((q * total as f64).ceil() as u64).clamp(1, total);
+        let mut seen = 0;
+        for (i, &c) in self.counts.iter().enumerate() {
+            seen += c;
+            if seen >= rank {
+                return Self::value(i) / 1000.0;
+            }
+        }
+        Self::value(Self::BUCKETS - 1) / 1000.0
+    }
+}
+
+/// What one task saw.
+struct Tally {
+    latencies: Histogram,
+    denied: u64,
+    /// Decisions that went the other way than their set promises (an allow-set denial or a
+    /// deny-set admission): zero unless the workload is broken.
+    surprises: u64,
+    errors: u64,
+    first_error: Option<String>,
+}
+
+/// One task: decisions back to back until `deadline`.
+async fn worker(
+    store: RedisStore<MultiplexedConnection>,
+    work: Arc<Workload>,
+    seed: u64,
+    deadline: Instant,
+) -> Tally {
+    let mut rng = Rng::new(seed);
+    let mut tally = Tally {
+        latencies: Histogram::new(),
+        denied: 0,
+        surprises: 0,
+        errors: 0,
+        first_error: None,
+    };
+    let mut start = Instant::now();
+    while start < deadline {
+        let (key, limit, should_deny) = work.pick(&mut rng);
+        let result = store.acquire(key, limit, 1, Duration::ZERO).await;
+        let end = Instant::now();
+        tally.latencies.record(end - start);
+        match result {
+            Ok(decision) => {
+                let denied = !decision.is_admitted();
+                tally.denied += u64::from(denied);
+                tally.surprises += u64::from(denied != should_deny);
+            }
+            Err(e) => {
+                tally.errors += 1;
+                if tally.first_error.is_none() {
+                    tally.first_error = Some(e.to_string());
+                }
+            }
+        }
+        start = end;
+    }
+    tally
+}
+
+/// `concurrency` tasks until `seconds` from now; the merged tally and the wall time taken.
+async fn round(
+    store: &RedisStore<MultiplexedConnection>,
+    work: &Arc<Workload>,
+    concurrency: usize,
+    seconds: f64,
+    seed: u64,
+) -> Result<(Tally, Duration), BoxError> {
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs_f64(seconds);
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|t| {
+            tokio::spawn(worker(
+                store.clone(),
+                Arc::clone(work),
+                seed.wrapping_add(t as u64),
+                deadline,
+            ))
+        })
+        .collect();
+    let mut all = Tally {
+        latencies: Histogram::new(),
+        denied: 0,
+        surprises: 0,
+        errors: 0,
+        first_error: None,
+    };
+    for task in tasks {
+        let tally = task.await?;
+        all.latencies.merge(&tally.latencies);
+        all.denied += tally.denied;
+        all.surprises += tally.surprises;
+        all.errors += tally.errors;
+        if all.first_error.is_none() {
+            all.first_error = tally.first_error;
+        }
+    }
+    Ok((all, started.elapsed()))
+}
+
+/// Empties every bucket of the deny set (1 per hour, burst 1: one admission empties it), with
+/// `concurrency` tasks.
+async fn drain_deny_set(
+    store: &RedisStore<MultiplexedConnection>,
+    work: &Arc<Workload>,
+    concurrency: usize,
+) -> Result<(), BoxError> {
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|t| {
+            let store = store.clone();
+            let work = Arc::clone(work);
+            tokio::spawn(async move {
+                for key in work.deny.iter().skip(t).step_by(concurrency) {
+                    store
+                        .acquire(key, work.deny_limit, 1, Duration::ZERO)
+                        .await?;
+                    let after = store
+                        .acquire(key, work.deny_limit, 1, Duration::ZERO)
+                        .await?;
+                    if after.is_admitted() {
+                        return Err(format!("deny-set key {key:?} still admits").into());
+                    }
+                }
+                Ok::<(), BoxError>(())
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await??;
+    }
+    Ok(())
+}
+
+/// `(calls, usec)` of `evalsha` from `INFO commandstats`; zeros if it has not run yet.
+async fn evalsha_stats(conn: &mut MultiplexedConnection) -> Result<(u64, u64), BoxError> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await?;
+    let Some(line) = info
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:"))
+    else {
+        return Ok((0, 0));
+    };
+    let field = |name: &str| -> Result<u64, BoxError> {
+        let value = line
+            .split(',')
+            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+            .ok_or_else(|| format!("no {name} in INFO commandstats line {line:?}"))?;
+        Ok(value.parse()?)
+    };
+    Ok((field("calls")?, field("usec")?))
+}
+
+#[tokio::main]
+async fn main() -> Result<(), BoxError> {
+    let args = match parse_args() {
+        Ok(args) => args,
+        Err(message) => {
+            eprintln!("{message}");
+            std::process::exit(2);
+        }
+    };
+
+    let client = redis::Client::open(args.url.as_str())?;
+    let config = AsyncConnectionConfig::new().set_response_timeout(Some(RESPONSE_TIMEOUT));
+    let mut conn = client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await?;
+    let store = RedisStore::new(conn.clone()).with_prefix(&args.prefix)?;
+    let work = Arc::new(Workload::new(args.keys, args.deny)?);
+
+    drain_deny_set(&store, &work, args.concurrency).await?;
+    let seed = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    if args.warmup_seconds > 0.0 {
+        let (warm, _) = round(&store, &work, args.concurrency, args.warmup_seconds, seed).await?;
+        if let Some(e) = warm.first_error {
+            return Err(format!("{} errors during the warmup, the first: {e}", warm.errors).into());
+        }
+    }
+
+    let (calls_before, usec_before) = evalsha_stats(&mut conn).await?;
+    let (tally, elapsed) = round(
+        &store,
+        &work,
+        args.concurrency,
+        args.seconds,
+        seed ^ 0x5555_5555_5555_5555,
+    )
+    .await?;
+    let (calls_after, usec_after) = evalsha_stats(&mut conn).await?;
+
+    let decisions = tally.latencies.total();
+    let calls = calls_after.saturating_sub(calls_before);
+    let usec_per_call = if calls == 0 {
+        "na".to_owned()
+    } else {
+        format!(
+            "{:.2}",
+            usec_after.saturating_sub(usec_before) as f64 / calls as f64
+        )
+    };
+    println!(
+        "loadgen C={} keys={} deny={:.2} secs={:.1} decisions={} denied={:.3} errors={} \
+         rate={:.0}/s p50={:.1}us p99={:.1}us p999={:.1}us redis_calls={} redis_usec_per_call={}",
+        args.concurrency,
+        args.keys,
+        args.deny,
+        elapsed.as_secs_f64(),
+        decisions,
+        tally.denied as f64 / decisions.max(1) as f64,
+        tally.errors,
+        decisions as f64 / elapsed.as_secs_f64(),
+        tally.latencies.quantile_us(0.50),
+        tally.latencies.quantile_us(0.99),
+        tally.latencies.quantile_us(0.999),
+        calls,
+        usec_per_call,
+    );
+
+    if let Some(e) = tally.first_error {
+        return Err(format!("{} decisions failed, the first: {e}", tally.errors).into());
+    }
+    if tally.surprises > 0 {
+        return Err(format!(
+            "{} decisions went against their key set (an allow-set denial or a deny-set \
+             admission)",
+            tally.surprises
+        )
+        .into());
+    }
+    Ok(())
+}
