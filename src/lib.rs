@@ -74,9 +74,11 @@
 //!   full one.
 //! - [`RedisStore`] (feature `redis`) keeps them in Redis, so every process that reaches the same
 //!   Redis spends the same budget. It works on a `MultiplexedConnection`, a reconnecting
-//!   `ConnectionManager` or a Redis Cluster connection. Each bucket is one hash, `{t, ts}`, under
-//!   the key `<prefix>:v1:<bucket>:<key>` (prefix `burstgate` by default, `v1` the version of the
-//!   stored format), read and written by one Lua script. Every write sets the key's TTL to the
+//!   `ConnectionManager` or a Redis Cluster connection. Each bucket is one 16-byte string, `t`
+//!   and `ts` as two little-endian `f64`s, under the key `<prefix>:v2:<bucket>:<key>` (prefix
+//!   `burstgate` by default, `v2` the version of the stored format; `v1` hashes from earlier
+//!   builds are never read and expire by their own TTL), read and written by one Lua script: one
+//!   `GET`, and one `SET ... PX` when the state changes. Every write sets the key's TTL to the
 //!   time the bucket needs to refill to full, plus one interval; an idle bucket simply expires,
 //!   and the next request sees a full bucket, which is what it would have computed anyway.
 //!

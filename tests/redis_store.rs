@@ -29,7 +29,7 @@ fn orders() -> Limit {
 }
 
 #[tokio::test]
-async fn a_bucket_is_one_hash_under_a_versioned_prefix_with_a_refill_ttl() {
+async fn a_bucket_is_one_string_under_a_versioned_prefix_with_a_refill_ttl() {
     let prefix = redis_server::unique_prefix();
     let clock = ManualClock::new(START);
     let store = RedisStore::new(conn().await)
@@ -37,7 +37,7 @@ async fn a_bucket_is_one_hash_under_a_versioned_prefix_with_a_refill_ttl() {
         .expect("a valid prefix")
         .with_clock(clock.clone());
     let key = BucketKey::new("orders", "seller:1").expect("a valid key");
-    let redis_key = format!("{prefix}:v1:orders:seller%3A1");
+    let redis_key = format!("{prefix}:v2:orders:seller%3A1");
     assert_eq!(store.redis_key(&key), redis_key);
 
     store
@@ -50,15 +50,12 @@ async fn a_bucket_is_one_hash_under_a_versioned_prefix_with_a_refill_ttl() {
         .query_async(&mut c)
         .await
         .expect("TYPE");
-    assert_eq!(kind, "hash");
-    let (t, ts): (String, String) = redis::cmd("HMGET")
-        .arg(&redis_key)
-        .arg("t")
-        .arg("ts")
-        .query_async(&mut c)
-        .await
-        .expect("HMGET");
-    assert_eq!((t.as_str(), ts.as_str()), ("7", "1700000000000"));
+    assert_eq!(kind, "string");
+    // `t` then `ts`, each an f64, little-endian.
+    let value: Vec<u8> = c.get(&redis_key).await.expect("GET");
+    let mut expected = 7.0_f64.to_le_bytes().to_vec();
+    expected.extend_from_slice(&1_700_000_000_000.0_f64.to_le_bytes());
+    assert_eq!(value, expected);
     // Three tokens to refill at one a minute, plus one interval of margin.
     let pttl: i64 = c.pttl(&redis_key).await.expect("PTTL");
     assert!((239_000..=240_000).contains(&pttl), "{pttl}");
@@ -119,28 +116,54 @@ async fn a_key_of_another_type_is_a_wrong_type_error_naming_it() {
     let store = RedisStore::new(conn().await)
         .with_prefix(&redis_server::unique_prefix())
         .expect("a valid prefix");
-    let key = BucketKey::new("typed", "a").expect("a valid key");
     let mut c = conn().await;
+    // A hash (what format 1 stored), a list, and a string that is not a bucket.
+    let hash = BucketKey::new("typed", "hash").expect("a valid key");
     let _: () = c
-        .set(store.redis_key(&key), "not a bucket")
+        .hset_multiple(store.redis_key(&hash), &[("t", "7"), ("ts", "1")])
+        .await
+        .expect("HSET");
+    let list = BucketKey::new("typed", "list").expect("a valid key");
+    let _: () = c
+        .rpush(store.redis_key(&list), "not a bucket")
+        .await
+        .expect("RPUSH");
+    let string = BucketKey::new("typed", "string").expect("a valid key");
+    let _: () = c
+        .set(store.redis_key(&string), "not a bucket")
         .await
         .expect("SET");
-    let e = store.acquire(&key, orders(), 1, ZERO).await;
-    match e {
-        Err(StoreError::WrongType { key: named }) => {
-            assert_eq!(named, store.redis_key(&key));
-            let shown = StoreError::WrongType { key: named }.to_string();
-            assert!(shown.contains("typed:a"), "{shown}");
+    for key in [&hash, &list, &string] {
+        let redis_key = store.redis_key(key);
+        let dump: Vec<u8> = redis::cmd("DUMP")
+            .arg(&redis_key)
+            .query_async(&mut c)
+            .await
+            .expect("DUMP");
+        match store.acquire(key, orders(), 1, ZERO).await {
+            Err(StoreError::WrongType { key: named }) => {
+                assert_eq!(named, redis_key);
+                let shown = StoreError::WrongType { key: named }.to_string();
+                assert!(shown.contains(key.as_str()), "{shown}");
+            }
+            other => panic!("expected WrongType for {redis_key}, got {other:?}"),
         }
-        other => panic!("expected WrongType, got {other:?}"),
+        assert!(matches!(
+            store.peek(key, orders()).await,
+            Err(StoreError::WrongType { .. })
+        ));
+        assert!(matches!(
+            store.refund(key, orders(), 1).await,
+            Err(StoreError::WrongType { .. })
+        ));
+        // The value is untouched.
+        let after: Vec<u8> = redis::cmd("DUMP")
+            .arg(&redis_key)
+            .query_async(&mut c)
+            .await
+            .expect("DUMP");
+        assert_eq!(after, dump, "{redis_key} changed");
     }
-    assert!(matches!(
-        store.peek(&key, orders()).await,
-        Err(StoreError::WrongType { .. })
-    ));
-    // The value is untouched.
-    let v: String = c.get(store.redis_key(&key)).await.expect("GET");
-    assert_eq!(v, "not a bucket");
 }
 
 #[tokio::test]

@@ -1,102 +1,117 @@
--- burstgate token bucket, format v1. Mirrors src/bucket.rs operation for operation: change one,
+-- burstgate token bucket, format v2. Mirrors src/bucket.rs operation for operation: change one,
 -- change both, and the differential test will tell if they still agree to the last bit.
 --
--- KEYS[1]  the bucket: a hash {t = tokens at ts, ts = milliseconds since the Unix epoch}
+-- KEYS[1]  the bucket: one 16-byte string, struct.pack('<dd', t, ts): t = tokens at ts, then
+--          ts = milliseconds since the Unix epoch, each an IEEE 754 double, little-endian
 -- ARGV     op (1 acquire, 2 peek, 3 refund, 4 drain), now, tokens, interval (ms), capacity,
 --          x (cost for acquire and refund, until for drain), max_wait (ms, acquire only)
 -- Returns  {allowed, wait, remaining, reset}, whole numbers (Redis truncates Lua numbers).
 --
--- Floats are stored with '%.17g', which round-trips a double exactly; Lua's own tostring keeps
--- only 14 digits. All times are whole milliseconds at most 2^53 - 1, exact in a double.
+-- The doubles are stored as their own 8 bytes, so they round-trip exactly, with no decimal
+-- formatting or parsing (Lua's tostring would keep only 14 digits). All times are whole
+-- milliseconds at most 2^53 - 1, exact in a double.
+--
+-- Written for Redis's CPU time: one GET, then on a write one SET with PX, and nothing else. The
+-- script body runs as a new function on every call, so each local function is a new closure each
+-- time: bucket.rs's min, max and refill are written out in place, with their exact rules (min(a, b)
+-- is b only when b < a, max(a, b) is b only when b > a, refill(e) is e * tokens / interval,
+-- multiplied first), and only ready_at stays a function. ARGV is read with `+ 0`, one strtod,
+-- where tonumber would convert each string twice; the result is the same double.
 
 local MAX_TIME = 9007199254740991
 local MAX_WAIT = 17592186044416
 
 local key = KEYS[1]
 local op = ARGV[1]
-local now = tonumber(ARGV[2])
-local tokens = tonumber(ARGV[3])
-local interval = tonumber(ARGV[4])
-local capacity = tonumber(ARGV[5])
-local x = tonumber(ARGV[6])
-
--- On a tie the first argument wins, as in Lua's math.min/math.max and bucket.rs.
-local function min(a, b)
-  if b < a then return b end
-  return a
-end
-
-local function max(a, b)
-  if b > a then return b end
-  return a
-end
-
-local function refill(e)
-  return e * tokens / interval
-end
+local now = ARGV[2] + 0
+local tokens = ARGV[3] + 0
+local interval = ARGV[4] + 0
+local capacity = ARGV[5] + 0
+local x = ARGV[6] + 0
 
 -- ts plus the least whole e >= 0 with t + refill(e) >= target.
 local function ready_at(t, ts, target)
   if t >= target then return ts end
   local e = math.ceil((target - t) * interval / tokens)
-  while t + refill(e) < target do e = e + 1 end
-  while e > 0 and t + refill(e - 1) >= target do e = e - 1 end
+  while t + e * tokens / interval < target do e = e + 1 end
+  while e > 0 and t + (e - 1) * tokens / interval >= target do e = e - 1 end
   return ts + e
 end
 
 if now > MAX_TIME then now = MAX_TIME end
 
-local t, ts
-local stored = redis.call('HMGET', key, 't', 'ts')
-if stored[1] then
-  t = tonumber(stored[1])
-  ts = tonumber(stored[2])
-else
-  t = capacity
-  ts = now
+-- A missing bucket is a full one.
+local t, ts = capacity, now
+local stored = redis.call('GET', key)
+if stored then
+  if #stored ~= 16 then
+    return redis.error_reply('WRONGTYPE burstgate: the value at the key is not a bucket')
+  end
+  t, ts = struct.unpack('<dd', stored)
 end
 
-local elapsed = max(0, now - ts)
-local avail = min(capacity, t + refill(elapsed))
-local ts2 = max(ts, now)
-
--- Stores the new state with a TTL of "until full, plus one interval"; returns when it is full.
-local function write(t2, ts3)
-  local full = ready_at(t2, ts3, capacity)
-  redis.call('HSET', key, 't', string.format('%.17g', t2), 'ts', string.format('%.17g', ts3))
-  -- '%d': a bare Lua number may reach Redis in exponent form, which PEXPIRE refuses.
-  redis.call('PEXPIRE', key, string.format('%d', full - now + interval))
-  return full
-end
+-- elapsed = max(0, now - ts); avail = min(capacity, t + refill(elapsed)); ts2 = max(ts, now)
+local elapsed = now - ts
+if not (elapsed > 0) then elapsed = 0 end
+local avail = t + elapsed * tokens / interval
+if not (avail < capacity) then avail = capacity end
+local ts2 = ts
+if now > ts then ts2 = now end
 
 if op == '1' then
-  local max_wait = tonumber(ARGV[7])
+  local max_wait = ARGV[7] + 0
   if max_wait > MAX_WAIT then max_wait = MAX_WAIT end
   local wait = 0
   local over = 0
   if not (avail >= x) then
     local ready = ready_at(t, ts, x)
     -- Served at a whole millisecond: what the bucket would hold above capacity then is lost.
-    over = max(0, t + refill(ready - ts) - capacity)
+    over = t + (ready - ts) * tokens / interval - capacity
+    if not (over > 0) then over = 0 end
     wait = ready - now
   end
   if wait <= max_wait then
     local t2 = avail - x - over
-    local full = write(t2, ts2)
-    return {1, wait, math.floor(max(0, t2)), full - now}
+    local full = ready_at(t2, ts2, capacity)
+    -- Kept until full, plus one interval. '%d': a bare Lua number may reach Redis in exponent
+    -- form, which PX refuses.
+    redis.call('SET', key, struct.pack('<dd', t2, ts2), 'PX',
+      string.format('%d', full - now + interval))
+    local left = 0
+    if t2 > 0 then left = math.floor(t2) end
+    return {1, wait, left, full - now}
   end
-  return {0, wait, math.floor(max(0, avail)), ready_at(t, ts, capacity) - now}
+  local left = 0
+  if avail > 0 then left = math.floor(avail) end
+  return {0, wait, left, ready_at(t, ts, capacity) - now}
 elseif op == '2' then
-  return {avail >= 1 and 1 or 0, max(0, ready_at(t, ts, 1) - now), math.floor(max(0, avail)),
-    max(0, ready_at(t, ts, capacity) - now)}
-elseif op == '3' then
-  local t2 = min(capacity, avail + x)
-  local full = write(t2, ts2)
-  return {1, 0, math.floor(max(0, t2)), full - now}
-elseif op == '4' then
-  if x > MAX_TIME then x = MAX_TIME end
-  local t2 = min(avail, 0)
-  local full = write(t2, max(ts2, x))
-  return {1, 0, math.floor(max(0, t2)), full - now}
+  local left = 0
+  if avail > 0 then left = math.floor(avail) end
+  local next_in = ready_at(t, ts, 1) - now
+  if not (next_in > 0) then next_in = 0 end
+  local reset = ready_at(t, ts, capacity) - now
+  if not (reset > 0) then reset = 0 end
+  return {avail >= 1 and 1 or 0, next_in, left, reset}
+elseif op == '3' or op == '4' then
+  local t2, ts3
+  if op == '3' then
+    -- t2 = min(capacity, avail + x)
+    t2 = avail + x
+    if not (t2 < capacity) then t2 = capacity end
+    ts3 = ts2
+  else
+    if x > MAX_TIME then x = MAX_TIME end
+    -- t2 = min(avail, 0); ts3 = max(ts2, x)
+    t2 = avail
+    if avail > 0 then t2 = 0 end
+    ts3 = ts2
+    if x > ts2 then ts3 = x end
+  end
+  local full = ready_at(t2, ts3, capacity)
+  redis.call('SET', key, struct.pack('<dd', t2, ts3), 'PX',
+    string.format('%d', full - now + interval))
+  local left = 0
+  if t2 > 0 then left = math.floor(t2) end
+  return {1, 0, left, full - now}
 end
 return redis.error_reply('burstgate: unknown operation')

@@ -11,9 +11,10 @@ use crate::clock::{Clock, SystemClock, deadline_ms};
 use crate::store::{BackendError, BucketStore, Decision, Quota, StoreError, check_cost};
 use crate::{BucketKey, InvalidKey, Limit};
 
-/// The version of the stored format, part of every key: a future change of the stored type
-/// moves to new keys instead of meeting old values.
-const FORMAT: u32 = 1;
+/// The version of the stored format, part of every key: a change of the stored type moves to new
+/// keys instead of meeting old values. 1 was a hash `{t, ts}` with decimal fields; 2 is one
+/// 16-byte string, the two `f64`s little-endian.
+const FORMAT: u32 = 2;
 
 const DEFAULT_PREFIX: &str = "burstgate";
 
@@ -25,20 +26,30 @@ fn script() -> &'static redis::Script {
 
 /// Buckets in Redis, shared by every process that reaches it.
 ///
-/// Each bucket is one hash, `{t, ts}` (tokens available at `ts`, milliseconds since the Unix
-/// epoch), read and written by one Lua script that mirrors the crate's reference arithmetic to the
-/// last bit. The script runs with `EVALSHA`; after a `NOSCRIPT` (a restart, a failover,
-/// `SCRIPT FLUSH`) it is loaded again and the call repeated, once. The time is the store's
-/// [`Clock`], passed to the script, never Redis's `TIME`.
+/// Each bucket is one Redis string of 16 bytes: `t` (tokens available at `ts`) then `ts`
+/// (milliseconds since the Unix epoch), each an IEEE 754 `f64`, little-endian, as Lua's
+/// `struct.pack('<dd', t, ts)` writes them. One Lua script reads and writes it, mirroring the
+/// crate's reference arithmetic to the last bit. The script runs with `EVALSHA`; after a
+/// `NOSCRIPT` (a restart, a failover, `SCRIPT FLUSH`) it is loaded again and the call repeated,
+/// once. The time is the store's [`Clock`], passed to the script, never Redis's `TIME`.
+///
+/// A decision costs Redis one `GET`, and, when it admits (or refunds, or drains), one
+/// `SET ... PX` that writes the state and its expiry together; a plain denial writes nothing. The
+/// raw bytes round-trip every `f64` exactly with no decimal formatting or parsing on either side.
+/// Against format 1 (a hash written with `HSET` and `PEXPIRE`, its fields as `%.17g` text) this
+/// cut the script's Redis CPU time (`INFO commandstats`, `usec_per_call` for `evalsha`) by about
+/// 30%, on admits and on denials alike; the README has the figures.
 ///
 /// # Keys
 ///
-/// `<prefix>:v1:<bucket>:<key>`, with the prefix `burstgate` unless set with
+/// `<prefix>:v2:<bucket>:<key>`, with the prefix `burstgate` unless set with
 /// [`with_prefix`](Self::with_prefix), and the key escaped or hashed as [`BucketKey`] describes.
-/// The `v1` is the stored format's version. Every write sets an integer `PEXPIRE` of the time to
-/// refill the bucket to full plus one interval: an idle bucket expires, and the next call sees a
-/// full bucket, which is what it would have computed anyway. A key of another type under the
-/// prefix is reported as [`StoreError::WrongType`], naming the key.
+/// The `v2` is the stored format's version, so a bucket written by an earlier build (`v1`, a
+/// hash) is never read as this one: it is simply left alone and expires by its own TTL. Every
+/// write sets an integer expiry (`PX`) of the time to refill the bucket to full plus one
+/// interval: an idle bucket expires, and the next call sees a full bucket, which is what it would
+/// have computed anyway. A key under the prefix that holds anything else (another type, or a
+/// string that is not 16 bytes) is reported as [`StoreError::WrongType`], naming the key.
 ///
 /// # Connections
 ///

@@ -3,8 +3,8 @@
 //! Random traces (limits, times with skew, costs, reservations, refunds, drains) run through
 //! `bucket.rs` and through the script. After every step the two must give the same answer, the
 //! same stored state to the last bit of each `f64`, and the same TTL; a step that must not write
-//! must leave the key untouched. The mutation test then edits single arithmetic lines of the
-//! script and checks that the same traces catch every edit.
+//! must leave the key untouched. The mutation test then edits single lines of the script's
+//! arithmetic and stored encoding, and checks that the same traces catch every edit.
 
 use std::fmt::Write as _;
 
@@ -180,17 +180,15 @@ async fn trace(
             .arg(1)
             .arg(key)
             .arg(&args.values(now)[..])
-            .cmd("HMGET")
+            .cmd("GET")
             .arg(key)
-            .arg("t")
-            .arg("ts")
             .cmd("PTTL")
             .arg(key)
             .cmd("PERSIST")
             .arg(key);
-        type Reply = (Vec<i64>, (Option<String>, Option<String>), i64, i64);
+        type Reply = (Vec<i64>, Option<Vec<u8>>, i64, i64);
         let sent = std::time::Instant::now();
-        let (reply, (t, ts), pttl, _): Reply = pipe
+        let (reply, value, pttl, _): Reply = pipe
             .query_async(conn)
             .await
             .map_err(|e| format!("{log}  redis: {e}"))?;
@@ -203,13 +201,10 @@ async fn trace(
                 "{log}  outcome: reference {expected:?}, lua {got:?}"
             ));
         }
-        let stored = match (t, ts) {
-            (None, None) => None,
-            (Some(t), Some(ts)) => match (t.parse::<f64>(), ts.parse::<f64>()) {
-                (Ok(t), Ok(ts)) => Some(State { t, ts }),
-                _ => return Err(format!("{log}  unparsable state {t:?} {ts:?}")),
-            },
-            other => return Err(format!("{log}  half a state {other:?}")),
+        let stored = match value.as_deref().map(decode) {
+            None => None,
+            Some(Some(state)) => Some(state),
+            Some(None) => return Err(format!("{log}  unparsable state {value:?}")),
         };
         let same = match (state, stored) {
             (None, None) => true,
@@ -235,6 +230,16 @@ async fn trace(
         }
     }
     Ok(())
+}
+
+/// The stored value, as the script writes it: `t` then `ts`, each an `f64`, little-endian.
+fn decode(value: &[u8]) -> Option<State> {
+    let (t, ts) = value.split_first_chunk::<8>()?;
+    let ts: &[u8; 8] = ts.try_into().ok()?;
+    Some(State {
+        t: f64::from_le_bytes(*t),
+        ts: f64::from_le_bytes(*ts),
+    })
 }
 
 async fn connect() -> MultiplexedConnection {
@@ -273,7 +278,7 @@ async fn lua_and_reference_agree_bit_for_bit() {
         script().get_hash(),
         "the store runs this same script"
     );
-    let key = format!("{}:v1:diff:k", redis_server::unique_prefix());
+    let key = format!("{}:v2:diff:k", redis_server::unique_prefix());
     for seed in 0..traces() {
         if let Err(e) = trace(&mut conn, &lua, &key, seed).await {
             panic!("the Lua script and bucket.rs disagree:\n{e}");
@@ -281,68 +286,94 @@ async fn lua_and_reference_agree_bit_for_bit() {
     }
 }
 
-/// Single-line edits of the script's arithmetic, each of which the traces must catch.
+/// Single-line edits of the script's arithmetic and encoding, each of which the traces must catch.
+/// A few carry the line before or after, only to pick one of two identical lines.
 const MUTANTS: &[(&str, &str)] = &[
-    (
-        "return e * tokens / interval",
-        "return e * (tokens / interval)",
-    ),
-    ("while t + refill(e) < target do e = e + 1 end", ""),
-    (
-        "while e > 0 and t + refill(e - 1) >= target do e = e - 1 end",
-        "",
-    ),
+    // ready_at
     (
         "if t >= target then return ts end",
         "if t >= target then return now end",
     ),
     (
-        "local elapsed = max(0, now - ts)",
-        "local elapsed = now - ts",
+        "while t + e * tokens / interval < target do e = e + 1 end",
+        "",
     ),
     (
-        "local avail = min(capacity, t + refill(elapsed))",
-        "local avail = t + refill(elapsed)",
+        "while t + e * tokens / interval < target do e = e + 1 end",
+        "while t + e * (tokens / interval) < target do e = e + 1 end",
     ),
-    ("local ts2 = max(ts, now)", "local ts2 = now"),
-    ("string.format('%.17g', t2)", "tostring(t2)"),
     (
-        "string.format('%d', full - now + interval)",
-        "string.format('%d', full - now)",
+        "while e > 0 and t + (e - 1) * tokens / interval >= target do e = e - 1 end",
+        "",
     ),
-    ("if wait <= max_wait then", "if wait < max_wait then"),
-    ("if max_wait > MAX_WAIT then max_wait = MAX_WAIT end", ""),
+    // The clock, the stored state and what is available now.
     ("if now > MAX_TIME then now = MAX_TIME end", ""),
+    ("if #stored ~= 16 then", "if #stored ~= 17 then"),
     (
-        "return {1, wait, math.floor(max(0, t2)), full - now}",
-        "return {1, wait, math.ceil(max(0, t2)), full - now}",
+        "t, ts = struct.unpack('<dd', stored)",
+        "t, ts = struct.unpack('>dd', stored)",
     ),
+    ("if not (elapsed > 0) then elapsed = 0 end", ""),
     (
-        "return {0, wait, math.floor(max(0, avail)), ready_at(t, ts, capacity) - now}",
-        "return {0, wait, math.floor(max(0, t)), ready_at(t, ts, capacity) - now}",
+        "local avail = t + elapsed * tokens / interval",
+        "local avail = t + elapsed * (tokens / interval)",
     ),
+    ("if not (avail < capacity) then avail = capacity end", ""),
+    ("if now > ts then ts2 = now end", "ts2 = now"),
+    // acquire
+    ("if max_wait > MAX_WAIT then max_wait = MAX_WAIT end", ""),
     (
         "    local ready = ready_at(t, ts, x)",
         "    local ready = ready_at(t, ts2, x)",
     ),
     (
-        "over = max(0, t + refill(ready - ts) - capacity)",
+        "over = t + (ready - ts) * tokens / interval - capacity",
         "over = 0",
     ),
+    ("if not (over > 0) then over = 0 end", ""),
+    ("if wait <= max_wait then", "if wait < max_wait then"),
     ("local t2 = avail - x - over", "local t2 = avail - x"),
+    ("struct.pack('<dd', t2, ts2)", "struct.pack('<dd', ts2, t2)"),
     (
-        "local t2 = min(capacity, avail + x)",
-        "local t2 = avail + x",
+        "      string.format('%d', full - now + interval))",
+        "      string.format('%d', full - now))",
     ),
-    ("local t2 = min(avail, 0)", "local t2 = 0"),
     (
-        "local full = write(t2, max(ts2, x))",
-        "local full = write(t2, x)",
+        "\n    if t2 > 0 then left = math.floor(t2) end",
+        "\n    if t2 > 0 then left = math.ceil(t2) end",
     ),
+    (
+        "if avail > 0 then left = math.floor(avail) end\n  return {0,",
+        "if t > 0 then left = math.floor(t) end\n  return {0,",
+    ),
+    (
+        "return {0, wait, left, ready_at(t, ts, capacity) - now}",
+        "return {0, wait, left, ready_at(t, ts2, capacity) - now}",
+    ),
+    // peek
+    (
+        "local next_in = ready_at(t, ts, 1) - now",
+        "local next_in = ready_at(t, ts, 1) - now - 1",
+    ),
+    ("if not (next_in > 0) then next_in = 0 end", ""),
+    ("if not (reset > 0) then reset = 0 end", ""),
+    (
+        "return {avail >= 1 and 1 or 0, next_in, left, reset}",
+        "return {avail > 1 and 1 or 0, next_in, left, reset}",
+    ),
+    // refund and drain
+    ("if not (t2 < capacity) then t2 = capacity end", ""),
     ("if x > MAX_TIME then x = MAX_TIME end", ""),
+    ("if avail > 0 then t2 = 0 end", "t2 = 0"),
+    ("if x > ts2 then ts3 = x end", "ts3 = x"),
+    ("struct.pack('<dd', t2, ts3)", "struct.pack('>dd', t2, ts3)"),
     (
-        "max(0, ready_at(t, ts, 1) - now)",
-        "max(0, ready_at(t, ts, 1) - now - 1)",
+        "\n    string.format('%d', full - now + interval))",
+        "\n    string.format('%d', full - ts3 + interval))",
+    ),
+    (
+        "\n  if t2 > 0 then left = math.floor(t2) end",
+        "\n  if t2 > 0 then left = math.ceil(t2) end",
     ),
 ];
 
@@ -350,7 +381,7 @@ const MUTANTS: &[(&str, &str)] = &[
 async fn every_single_line_mutant_of_the_script_is_caught() {
     let mut conn = connect().await;
     let source = include_str!("../bucket.lua");
-    let key = format!("{}:v1:mutant:k", redis_server::unique_prefix());
+    let key = format!("{}:v2:mutant:k", redis_server::unique_prefix());
     let mut report = String::new();
     for (from, to) in MUTANTS {
         assert_eq!(
