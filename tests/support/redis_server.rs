@@ -65,28 +65,12 @@ fn start() -> Result<String, String> {
     }
     let mut last = String::new();
     for _ in 0..5 {
-        let port = free_port().map_err(|e| format!("no free loopback port: {e}"))?;
-        // The shell stays beside redis-server and stops it once this test binary has exited,
-        // however it exits: a static is never dropped, so no destructor could do it.
-        let watchdog = format!(
-            "redis-server --port {port} --bind 127.0.0.1 --save '' --appendonly no \
-             --dir /tmp --loglevel warning --daemonize no & rp=$!; \
-             trap 'kill $rp 2>/dev/null' EXIT INT TERM; \
-             while kill -0 {parent} 2>/dev/null && kill -0 $rp 2>/dev/null; do sleep 0.2; done",
-            parent = std::process::id()
-        );
-        Command::new("sh")
-            .arg("-c")
-            .arg(&watchdog)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| format!("could not start redis-server: {e}"))?;
-        match wait_for_pong(port, Duration::from_secs(10)) {
-            Ok(()) => {
-                let _ = OWN_PORT.set(port);
-                return Ok(format!("redis://127.0.0.1:{port}/"));
+        match spawn("").and_then(|server| {
+            wait_for_pong(server.port, Duration::from_secs(10)).map(|()| server)
+        }) {
+            Ok(server) => {
+                let _ = OWN_PORT.set(server.port);
+                return Ok(format!("redis://127.0.0.1:{}/", server.port));
             }
             Err(e) => last = e,
         }
@@ -96,7 +80,70 @@ fn start() -> Result<String, String> {
     ))
 }
 
-fn free_port() -> std::io::Result<u16> {
+/// A redis-server this test binary started.
+#[derive(Debug, Clone, Copy)]
+pub struct Spawned {
+    pub port: u16,
+    pub pid: u32,
+}
+
+/// Starts a redis-server on a free loopback port with `extra` arguments (shell words), and
+/// waits until the port accepts connections. The server stops when this test binary exits.
+pub fn spawn(extra: &str) -> Result<Spawned, String> {
+    let port = free_port().map_err(|e| format!("no free loopback port: {e}"))?;
+    spawn_on(port, extra)
+}
+
+/// [`spawn`] on a given port: to restart a server that a test stopped, on the same port.
+pub fn spawn_on(port: u16, extra: &str) -> Result<Spawned, String> {
+    use std::io::BufRead;
+    // The shell stays beside redis-server and stops it once this test binary has exited,
+    // however it exits: a static is never dropped, so no destructor could do it.
+    let watchdog = format!(
+        "redis-server --port {port} --bind 127.0.0.1 --save '' --appendonly no \
+         --dir /tmp --loglevel warning --daemonize no {extra} >/dev/null 2>&1 & rp=$!; \
+         echo $rp; trap 'kill $rp 2>/dev/null' EXIT INT TERM; \
+         while kill -0 {parent} 2>/dev/null && kill -0 $rp 2>/dev/null; do sleep 0.2; done",
+        parent = std::process::id()
+    );
+    let mut shell = Command::new("sh")
+        .arg("-c")
+        .arg(&watchdog)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("could not start redis-server: {e}"))?;
+    let mut line = String::new();
+    if let Some(out) = shell.stdout.take() {
+        std::io::BufReader::new(out)
+            .read_line(&mut line)
+            .map_err(|e| format!("no pid from the redis-server watchdog: {e}"))?;
+    }
+    let pid: u32 = line
+        .trim()
+        .parse()
+        .map_err(|_| format!("no pid from the redis-server watchdog: {line:?}"))?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if Instant::now() > deadline {
+            return Err(format!("redis-server on port {port} never accepted connections"));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(Spawned { port, pid })
+}
+
+/// Stops a server this binary started, by its pid, and waits until its port is free.
+pub fn kill(server: Spawned) {
+    let _ = Command::new("kill").arg("-9").arg(server.pid.to_string()).status();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(("127.0.0.1", server.port)).is_ok() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+pub fn free_port() -> std::io::Result<u16> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     Ok(listener.local_addr()?.port())
 }
