@@ -18,7 +18,16 @@
 //! Options: `--url` (or `REDIS_URL`; required, so a shared Redis is never written to by
 //! accident), `--concurrency 64`, `--keys 10000` (allow and deny sets together), `--seconds 5`,
 //! `--warmup-seconds 1`, `--deny 0.0` (0.0 to 1.0), `--prefix loadgen-<pid>-<ms>` (the key
-//! prefix; new on every run, so the deny set starts from buckets this run emptied).
+//! prefix; new on every run, so the deny set starts from buckets this run emptied),
+//! `--deny-cache` (turns the store's local deny cache on; it is off by default here, so that
+//! every decision measures the script), and `--flood N`: every decision on one key limited to
+//! N per second with a burst of N, instead of the allow and deny sets. With the deny cache on,
+//! a flood far over its limit is answered mostly in this process:
+//!
+//! ```sh
+//! cargo run --release --example loadgen -- --url redis://127.0.0.1:6390/ \
+//!     --concurrency 64 --flood 1000 --deny-cache
+//! ```
 //!
 //! It prints one line:
 //!
@@ -28,9 +37,10 @@
 //!   redis_usec_per_call=4.51
 //! ```
 //!
-//! (on one line). Latency is per decision, from the call to `acquire` to its answer, recorded
+//! (on one line), followed by `redis_calls_per_decision`. Latency is per decision, from the call to `acquire` to its answer, recorded
 //! in a log-linear histogram (64 steps per power of two, so quantiles are within 1.6 %).
-//! `redis_calls` and `redis_usec_per_call` are the server's `INFO commandstats` for `evalsha`,
+//! `redis_calls` and `redis_usec_per_call` are the server's `INFO commandstats` for `evalsha`
+//! and `eval` together,
 //! taken as the difference between before and after the measured run: the Redis CPU time per
 //! script call, which sets the ceiling of one Redis. Other clients of the same server count
 //! too, so measure on a Redis of your own.
@@ -55,7 +65,8 @@ use redis::AsyncConnectionConfig;
 use redis::aio::MultiplexedConnection;
 
 const USAGE: &str = "usage: loadgen --url redis://HOST:PORT/ [--concurrency 64] [--keys 10000] \
-                     [--seconds 5] [--warmup-seconds 1] [--deny 0.0] [--prefix P]  \
+                     [--seconds 5] [--warmup-seconds 1] [--deny 0.0] [--prefix P] \
+                     [--deny-cache] [--flood PER_SECOND]  \
                      (REDIS_URL may name the Redis instead of --url)";
 
 /// Generous, so that a loaded Redis shows up as latency rather than as errors.
@@ -71,6 +82,8 @@ struct Args {
     warmup_seconds: f64,
     deny: f64,
     prefix: String,
+    deny_cache: bool,
+    flood: Option<u32>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -84,12 +97,18 @@ fn parse_args() -> Result<Args, String> {
         seconds: 5.0,
         warmup_seconds: 1.0,
         deny: 0.0,
+        deny_cache: false,
+        flood: None,
         prefix: format!("loadgen-{}-{millis}", std::process::id()),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         if flag == "--help" || flag == "-h" {
             return Err(USAGE.into());
+        }
+        if flag == "--deny-cache" {
+            args.deny_cache = true;
+            continue;
         }
         let (name, value) = match flag.split_once('=') {
             Some((name, value)) => (name.to_owned(), value.to_owned()),
@@ -109,6 +128,7 @@ fn parse_args() -> Result<Args, String> {
             "--warmup-seconds" => args.warmup_seconds = value.parse().map_err(|e| bad(&e))?,
             "--deny" => args.deny = value.parse().map_err(|e| bad(&e))?,
             "--prefix" => args.prefix = value.clone(),
+            "--flood" => args.flood = Some(value.parse().map_err(|e| bad(&e))?),
             _ => return Err(format!("unknown option {name}\n{USAGE}")),
         }
     }
@@ -144,10 +164,19 @@ struct Workload {
     deny_limit: Limit,
     /// The probability of a decision going to the deny set, scaled to `u64`.
     deny_threshold: u64,
+    /// `--flood`: the one key and its limit, instead of the two sets.
+    flood: Option<(BucketKey, Limit)>,
 }
 
 impl Workload {
-    fn new(keys: usize, deny: f64) -> Result<Self, BoxError> {
+    fn new(keys: usize, deny: f64, flood: Option<u32>) -> Result<Self, BoxError> {
+        let flood = match flood {
+            Some(n) => Some((
+                BucketKey::new("flood", "one-key")?,
+                Limit::per_second(n)?.with_burst(n)?,
+            )),
+            None => None,
+        };
         // The deny set gets its share of the keys, and at least one key when it is used at all.
         let mut deny_keys = (keys as f64 * deny).round() as usize;
         if deny > 0.0 {
@@ -173,23 +202,28 @@ impl Workload {
             deny: deny_set,
             deny_limit: Limit::per_hour(1)?.with_burst(1)?,
             deny_threshold,
+            flood,
         })
     }
 
-    /// The next decision's key and limit, and whether it should be a denial.
-    fn pick(&self, rng: &mut Rng) -> (&BucketKey, Limit, bool) {
+    /// The next decision's key and limit, and whether it should be a denial (`None` for a
+    /// flood, where the rate decides).
+    fn pick(&self, rng: &mut Rng) -> (&BucketKey, Limit, Option<bool>) {
+        if let Some((key, limit)) = &self.flood {
+            return (key, *limit, None);
+        }
         let r = rng.next();
         if r < self.deny_threshold || self.allow.is_empty() {
             (
                 &self.deny[rng.below(self.deny.len())],
                 self.deny_limit,
-                true,
+                Some(true),
             )
         } else {
             (
                 &self.allow[rng.below(self.allow.len())],
                 self.allow_limit,
-                false,
+                Some(false),
             )
         }
     }
@@ -329,7 +363,7 @@ async fn worker(
             Ok(decision) => {
                 let denied = !decision.is_admitted();
                 tally.denied += u64::from(denied);
-                tally.surprises += u64::from(denied != should_deny);
+                tally.surprises += u64::from(should_deny.is_some_and(|d| d != denied));
             }
             Err(e) => {
                 tally.errors += 1;
@@ -416,26 +450,29 @@ async fn drain_deny_set(
     Ok(())
 }
 
-/// `(calls, usec)` of `evalsha` from `INFO commandstats`; zeros if it has not run yet.
+/// `(calls, usec)` of `evalsha` and `eval` together from `INFO commandstats`; zeros for a
+/// command that has not run yet.
 async fn evalsha_stats(conn: &mut MultiplexedConnection) -> Result<(u64, u64), BoxError> {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(conn)
         .await?;
-    let Some(line) = info
-        .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:"))
-    else {
-        return Ok((0, 0));
-    };
-    let field = |name: &str| -> Result<u64, BoxError> {
-        let value = line
-            .split(',')
-            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
-            .ok_or_else(|| format!("no {name} in INFO commandstats line {line:?}"))?;
-        Ok(value.parse()?)
-    };
-    Ok((field("calls")?, field("usec")?))
+    let (mut calls, mut usec) = (0, 0);
+    for line in info.lines().filter_map(|l| {
+        l.strip_prefix("cmdstat_evalsha:")
+            .or_else(|| l.strip_prefix("cmdstat_eval:"))
+    }) {
+        let field = |name: &str| -> Result<u64, BoxError> {
+            let value = line
+                .split(',')
+                .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+                .ok_or_else(|| format!("no {name} in INFO commandstats line {line:?}"))?;
+            Ok(value.parse()?)
+        };
+        calls += field("calls")?;
+        usec += field("usec")?;
+    }
+    Ok((calls, usec))
 }
 
 #[tokio::main]
@@ -453,8 +490,11 @@ async fn main() -> Result<(), BoxError> {
     let mut conn = client
         .get_multiplexed_async_connection_with_config(&config)
         .await?;
-    let store = RedisStore::new(conn.clone()).with_prefix(&args.prefix)?;
-    let work = Arc::new(Workload::new(args.keys, args.deny)?);
+    let store = RedisStore::new(conn.clone())
+        .with_prefix(&args.prefix)?
+        .with_timeout(RESPONSE_TIMEOUT)
+        .with_deny_cache(args.deny_cache);
+    let work = Arc::new(Workload::new(args.keys, args.deny, args.flood)?);
 
     drain_deny_set(&store, &work, args.concurrency).await?;
     let seed = SystemTime::now()
@@ -490,7 +530,8 @@ async fn main() -> Result<(), BoxError> {
     };
     println!(
         "loadgen C={} keys={} deny={:.2} secs={:.1} decisions={} denied={:.3} errors={} \
-         rate={:.0}/s p50={:.1}us p99={:.1}us p999={:.1}us redis_calls={} redis_usec_per_call={}",
+         rate={:.0}/s p50={:.1}us p99={:.1}us p999={:.1}us redis_calls={} redis_usec_per_call={} \
+         redis_calls_per_decision={:.4}{}",
         args.concurrency,
         args.keys,
         args.deny,
@@ -504,6 +545,11 @@ async fn main() -> Result<(), BoxError> {
         tally.latencies.quantile_us(0.999),
         calls,
         usec_per_call,
+        calls as f64 / decisions.max(1) as f64,
+        match args.flood {
+            Some(n) => format!(" flood={n}/s deny_cache={}", args.deny_cache),
+            None => format!(" deny_cache={}", args.deny_cache),
+        },
     );
 
     if let Some(e) = tally.first_error {

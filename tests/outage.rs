@@ -36,7 +36,11 @@ struct Switch {
 
 impl Switch {
     async fn new() -> Self {
-        let inner = redis::Client::open(redis_server::url())
+        Self::to(&redis_server::url()).await
+    }
+
+    async fn to(url: &str) -> Self {
+        let inner = redis::Client::open(url)
             .expect("a valid Redis URL")
             .get_multiplexed_async_connection()
             .await
@@ -433,8 +437,9 @@ async fn the_deny_cache_answers_a_flood_locally_with_the_same_decisions() {
             "step {step}: the same retry_after on every denial"
         );
         assert_eq!(calls_b, 500);
-        // The admissions, and the one denial that filled the cache.
-        assert_eq!(calls_a, a + 1, "step {step}");
+        // The admissions, and, the first time, the one denial that filled the cache; after
+        // that each admission's cost is taken from the cache too, and Redis sees only them.
+        assert_eq!(calls_a, a + usize::from(step == 0), "step {step}");
         clock.advance(Duration::from_millis(1_500));
     }
 }
@@ -513,7 +518,10 @@ async fn another_processs_refund_is_seen_no_later_than_the_cached_retry_after() 
 #[tokio::test]
 async fn after_script_flush_the_script_runs_as_eval_without_script_load() {
     let clock = ManualClock::new(START);
-    let conn = Switch::new().await;
+    // A server of its own: other tests running meanwhile would load the script again.
+    let server = redis_server::spawn("").expect("a redis-server of our own");
+    let url = format!("redis://127.0.0.1:{}/", server.port);
+    let conn = Switch::to(&url).await;
     let s = store(conn.clone(), &clock);
     let k = key("flush");
     assert!(
@@ -522,7 +530,7 @@ async fn after_script_flush_the_script_runs_as_eval_without_script_load() {
             .expect("decides")
             .is_admitted()
     );
-    let mut c = redis::Client::open(redis_server::url())
+    let mut c = redis::Client::open(url.as_str())
         .expect("a valid Redis URL")
         .get_multiplexed_async_connection()
         .await
@@ -547,4 +555,5 @@ async fn after_script_flush_the_script_runs_as_eval_without_script_load() {
         1,
         "EVAL loaded it: EVALSHA works again"
     );
+    redis_server::kill(server);
 }

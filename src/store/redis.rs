@@ -104,8 +104,10 @@ fn script() -> &'static redis::Script {
 ///
 /// When Redis denies, its answer carries the bucket's state, and the store keeps it: until that
 /// state would admit, further requests for the bucket in this process are denied here with no
-/// round trip, with the same `retry_after` Redis would give. Under a flood on one bucket this
-/// takes nearly all requests off Redis. It denies only what Redis would deny, with one exception,
+/// round trip, with the same `retry_after` Redis would give. When it would admit, the request
+/// goes to Redis and the kept state is charged as Redis will charge it, so that the next token
+/// draws one call to Redis, not one from every waiting request. Under a flood on one bucket
+/// this takes nearly all requests off Redis: about one call per admitted request. It denies only what Redis would deny, with one exception,
 /// the worst case: if another process refunds tokens to the bucket, or Redis loses it (a restart
 /// without persistence, `FLUSHALL`), a request here may be denied that Redis would now admit, at
 /// most until the `retry_after` of the denial that filled the cache. Refunds and drains made
@@ -595,8 +597,18 @@ where
                 }
                 Ok(Decision::new(reply.outcome, limit))
             }
-            Err(Failure::Fatal(e)) => Err(e),
-            Err(Failure::Outage(e)) => self.acquire_in_outage(e, key, limit, cost, max_wait).await,
+            Err(failure) => {
+                // The cache may hold this call's cost taken; Redis may not have taken it.
+                if let Some(cache) = &self.deny {
+                    cache.forget(key);
+                }
+                match failure {
+                    Failure::Fatal(e) => Err(e),
+                    Failure::Outage(e) => {
+                        self.acquire_in_outage(e, key, limit, cost, max_wait).await
+                    }
+                }
+            }
         }
     }
 

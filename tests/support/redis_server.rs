@@ -65,9 +65,9 @@ fn start() -> Result<String, String> {
     }
     let mut last = String::new();
     for _ in 0..5 {
-        match spawn("").and_then(|server| {
-            wait_for_pong(server.port, Duration::from_secs(10)).map(|()| server)
-        }) {
+        match spawn("")
+            .and_then(|server| wait_for_pong(server.port, Duration::from_secs(10)).map(|()| server))
+        {
             Ok(server) => {
                 let _ = OWN_PORT.set(server.port);
                 return Ok(format!("redis://127.0.0.1:{}/", server.port));
@@ -127,7 +127,9 @@ pub fn spawn_on(port: u16, extra: &str) -> Result<Spawned, String> {
     let deadline = Instant::now() + Duration::from_secs(10);
     while TcpStream::connect(("127.0.0.1", port)).is_err() {
         if Instant::now() > deadline {
-            return Err(format!("redis-server on port {port} never accepted connections"));
+            return Err(format!(
+                "redis-server on port {port} never accepted connections"
+            ));
         }
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -136,7 +138,10 @@ pub fn spawn_on(port: u16, extra: &str) -> Result<Spawned, String> {
 
 /// Stops a server this binary started, by its pid, and waits until its port is free.
 pub fn kill(server: Spawned) {
-    let _ = Command::new("kill").arg("-9").arg(server.pid.to_string()).status();
+    let _ = Command::new("kill")
+        .arg("-9")
+        .arg(server.pid.to_string())
+        .status();
     let deadline = Instant::now() + Duration::from_secs(10);
     while TcpStream::connect(("127.0.0.1", server.port)).is_ok() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(10));

@@ -55,7 +55,12 @@ impl DenyCache {
     }
 
     /// The answer to an acquire when the cached state denies it; `None` when Redis must decide.
-    /// An entry whose state would admit is dropped: Redis decides from then on.
+    ///
+    /// When the cached state would admit, the request goes to Redis and the entry keeps the
+    /// state with the cost taken, as if Redis admits: the requests that follow it in this
+    /// process are then denied here until the next token, instead of all racing to Redis for
+    /// the one that just refilled. The caller drops the entry if the call fails (the debit may
+    /// not have happened in Redis), and a denial from Redis replaces it with Redis's state.
     pub(super) fn check(
         &self,
         key: &BucketKey,
@@ -66,15 +71,19 @@ impl DenyCache {
     ) -> Option<Outcome> {
         let id = key.as_str();
         let (hash, mut shard) = self.shard(id);
-        let Ok(found) = shard.find_entry(hash, |e| &*e.key == id) else {
+        let Ok(mut found) = shard.find_entry(hash, |e| &*e.key == id) else {
             return None;
         };
-        let entry = found.get();
+        let entry = found.get_mut();
         if entry.limit == limit {
-            let (outcome, _) =
+            let (outcome, write) =
                 bucket::evaluate(&limit.params(), Some(entry.state), now, cost, max_wait);
-            if !outcome.allowed {
-                return Some(outcome);
+            match write {
+                None => return Some(outcome),
+                Some(w) => {
+                    entry.state = w.state;
+                    return None;
+                }
             }
         }
         found.remove();
@@ -158,19 +167,19 @@ mod tests {
             .expect("cached denial");
         assert!(!denied.allowed);
         assert_eq!(denied.wait, 500);
-        // A reservation that fits its wait is Redis's to make.
+        // A reservation that fits its wait is Redis's to make, and is taken from the entry as
+        // Redis will take it: the next token is then promised, due at 12 000.
         assert!(cache.check(&key, limit(), 10_500, 1.0, 500).is_none());
-        assert_eq!(cache.len(), 0, "an entry that would admit is dropped");
-        cache.remember(
-            &key,
-            limit(),
-            State {
-                t: 0.0,
-                ts: 10_000.0,
-            },
-            10_000,
+        assert_eq!(cache.len(), 1);
+        let denied = cache
+            .check(&key, limit(), 10_500, 1.0, 0)
+            .expect("cached denial");
+        assert_eq!(denied.wait, 1_500);
+        assert!(cache.check(&key, limit(), 12_000, 1.0, 0).is_none());
+        assert!(
+            cache.check(&key, limit(), 12_000, 1.0, 0).is_some(),
+            "taken by the last one"
         );
-        assert!(cache.check(&key, limit(), 11_000, 1.0, 0).is_none());
     }
 
     #[test]
