@@ -205,12 +205,13 @@
 //!
 //! # When the store fails
 //!
-//! A failed Redis call (connection lost, timeout, an unexpected reply) is returned as
-//! [`StoreError::Backend`], with the redis-rs error as its [`source`](std::error::Error::source);
-//! a key of the wrong type under the prefix is [`StoreError::WrongType`], naming the key. The
-//! caller decides what to do; the tower layer answers `503 Service Unavailable`, and the reqwest
-//! middleware returns the `StoreError` as its error without sending the request. Configurable
-//! outage policies (fail open, fail closed, fall back to a local bucket) come in a later release.
+//! [`RedisStore`] bounds every call with a timeout, retries once what Redis refused before
+//! running it, and puts a circuit breaker ([`Breaker`]) in front of Redis, so that while Redis is
+//! down calls are answered at once. What they answer is its [`OutagePolicy`]: fail closed (the
+//! default: an error; the tower layer answers `503 Service Unavailable` and the reqwest
+//! middleware returns the [`StoreError`] without sending the request), fail open, or a local
+//! bucket with this process's share of the limit. A key of the wrong type under the prefix is
+//! [`StoreError::WrongType`], naming the key, under every policy. Nothing panics.
 //!
 //! # Arithmetic and units
 //!

@@ -294,9 +294,10 @@ fn memory_store() -> MemoryStore {
 
 #[cfg(feature = "redis")]
 async fn redis_store() -> burstgate::RedisStore<redis::aio::MultiplexedConnection> {
-    // redis-rs 1.x gives up on a reply after 500 ms by default. A thousand requests at once, on
-    // the two worker threads that also run the server and the client, can queue longer than
-    // that in a debug build; a timeout is answered 503, which is not what these cases are about.
+    // redis-rs 1.x gives up on a reply after 500 ms by default, and the store after 250 ms. A
+    // thousand requests at once, on the two worker threads that also run the server and the
+    // client, can queue longer than that in a debug build; a timeout is answered 503, which is
+    // not what these cases are about.
     let config =
         redis::AsyncConnectionConfig::new().set_response_timeout(Some(Duration::from_secs(10)));
     let conn = redis::Client::open(redis_server::url())
@@ -307,6 +308,7 @@ async fn redis_store() -> burstgate::RedisStore<redis::aio::MultiplexedConnectio
     burstgate::RedisStore::new(conn)
         .with_prefix(&redis_server::unique_prefix())
         .expect("a valid prefix")
+        .with_timeout(Duration::from_secs(10))
 }
 
 /// One module per case, with a test for each store: `<case>::memory` and `<case>::redis`.
