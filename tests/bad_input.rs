@@ -84,32 +84,35 @@ impl RedisSide {
     }
 }
 
+#[cfg(feature = "redis")]
 async fn stores(start: u64) -> Stores {
     let clock = ManualClock::new(start);
-    let memory: Arc<dyn DynBucketStore> = Arc::new(MemoryStore::with_clock(clock.clone()));
-    #[cfg_attr(not(feature = "redis"), allow(unused_mut))]
-    let mut all = vec![("memory", memory)];
-    #[cfg(feature = "redis")]
-    {
-        let conn = redis::Client::open(redis_server::url())
-            .expect("a valid Redis URL")
-            .get_multiplexed_async_connection()
-            .await
-            .expect("a connection to the test Redis");
-        let prefix = redis_server::unique_prefix();
-        let store = burstgate::RedisStore::new(conn.clone())
-            .with_prefix(&prefix)
-            .expect("a valid prefix")
-            .with_clock(clock.clone());
-        all.push(("redis", Arc::new(store)));
-        return Stores {
-            clock,
-            all,
-            redis: Some(RedisSide { conn, prefix }),
-        };
+    let conn = redis::Client::open(redis_server::url())
+        .expect("a valid Redis URL")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("a connection to the test Redis");
+    let prefix = redis_server::unique_prefix();
+    let redis = burstgate::RedisStore::new(conn.clone())
+        .with_prefix(&prefix)
+        .expect("a valid prefix")
+        .with_clock(clock.clone());
+    let memory = MemoryStore::with_clock(clock.clone());
+    Stores {
+        clock,
+        all: vec![("memory", Arc::new(memory)), ("redis", Arc::new(redis))],
+        redis: Some(RedisSide { conn, prefix }),
     }
-    #[cfg(not(feature = "redis"))]
-    Stores { clock, all }
+}
+
+#[cfg(not(feature = "redis"))]
+async fn stores(start: u64) -> Stores {
+    let clock = ManualClock::new(start);
+    let memory = MemoryStore::with_clock(clock.clone());
+    Stores {
+        clock,
+        all: vec![("memory", Arc::new(memory))],
+    }
 }
 
 mod limits {
