@@ -14,7 +14,9 @@ const MAX_ESCAPED_KEY_LEN: usize = 128;
 /// Which bucket a request draws from: a bucket name (`"orders"`, `"per-ip"`) and the caller's key
 /// within it (an account, an IP address, an API key).
 ///
-/// The key may be any bytes. It is made safe for a store key once, here:
+/// The key may be any bytes, UTF-8 or not: pass a `&str`, a `String`, a `&[u8]`, a `Vec<u8>` or
+/// a byte array. Only an empty key is refused ([`InvalidKey::EmptyKey`]). It is made safe for a
+/// store key once, here:
 ///
 /// - Bytes other than ASCII letters, digits and `.`, `_`, `-`, `@`, `/` are percent-escaped, so
 ///   `:`, `{`, `}`, spaces and newlines cannot break out of the namespace, pick a Redis Cluster
@@ -32,6 +34,9 @@ const MAX_ESCAPED_KEY_LEN: usize = 128;
 ///
 /// let key = BucketKey::new("orders", "seller:42")?;
 /// assert_eq!(key.as_str(), "orders:seller%3A42");
+///
+/// let raw = BucketKey::new("ip", [10u8, 0, 0, 255])?;
+/// assert_eq!(raw.as_str(), "ip:%0A%00%00%FF");
 ///
 /// let token = BucketKey::hashed("orders", "Bearer s3cr3t")?;
 /// assert!(!token.as_str().contains("s3cr3t"));

@@ -185,6 +185,7 @@
 //! | `tower`   | no      | The tower layer `RateLimitLayer` in [`layer`], for HTTP services (axum, hyper, tonic, tower-http clients). |
 //! | `axum`    | no      | Lets [`layer::KeyExtractor::peer_ip`] read axum's `ConnectInfo<SocketAddr>`; implies `tower`. |
 //! | `reqwest` | no      | The reqwest-middleware `RateLimitMiddleware` in [`middleware`], for clients of rate-limited APIs. |
+//! | `tls`     | no      | `rediss://` URLs for [`RedisStore`], through redis-rs's own rustls support with the ring crypto provider; implies `redis`. |
 //!
 //! Without any feature, the crate is [`MemoryStore`] and the types around it.
 //!

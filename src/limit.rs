@@ -46,6 +46,13 @@ impl Limit {
     ///
     /// The interval must be a whole number of milliseconds (the store's unit of time), at least
     /// one, and at most about 139 years; the time to refill an empty bucket has the same ceiling.
+    ///
+    /// # Errors
+    ///
+    /// In the order they are checked: [`InvalidLimit::ZeroTokens`],
+    /// [`InvalidLimit::ZeroInterval`], [`InvalidLimit::SubMillisecondInterval`] (so
+    /// `Duration::MAX` is reported as that), and [`InvalidLimit::TooSlow`] for an interval above
+    /// 2^42 ms. Any `tokens` from 1 to `u32::MAX` is accepted.
     pub fn new(tokens: u32, interval: Duration) -> Result<Self, InvalidLimit> {
         if tokens == 0 {
             return Err(InvalidLimit::ZeroTokens);
@@ -95,6 +102,11 @@ impl Limit {
 
     /// The same rate with a bucket of `burst` tokens: how many requests a full bucket admits at
     /// once. A burst below `tokens` is allowed (it smooths a rate out); zero is not.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidLimit::ZeroBurst`], or [`InvalidLimit::TooSlow`] when an empty bucket would take
+    /// more than 2^42 ms to refill (`burst × interval / tokens`).
     pub fn with_burst(self, burst: u32) -> Result<Self, InvalidLimit> {
         if burst == 0 {
             return Err(InvalidLimit::ZeroBurst);

@@ -1,0 +1,280 @@
+//! Header parsing and routing, and a fuzz of the back-off headers: bounded in CI, longer with
+//! `BURSTGATE_FUZZ_CASES`.
+
+use super::*;
+
+use proptest::prelude::*;
+
+use crate::{ManualClock, MemoryStore};
+
+fn at(secs: u64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(secs)
+}
+
+#[test]
+fn back_off_headers_parse_or_say_why_not() {
+    let now = at(1_700_000_000);
+    assert_eq!(parse_retry("2", now), Ok(Duration::from_secs(2)));
+    assert_eq!(parse_retry(" 120 ", now), Ok(Duration::from_secs(120)));
+    assert_eq!(parse_retry("0", now), Ok(Duration::ZERO));
+    assert_eq!(parse_retry("1.2", now), Ok(Duration::from_secs(2)));
+    // Huge: saturates here; the middleware clamps it to its maximum back-off.
+    assert_eq!(
+        parse_retry("99999999999999999999999", now),
+        Ok(Duration::from_secs(u64::MAX))
+    );
+    assert_eq!(parse_retry("-5", now), Err(RetryValue::Negative));
+    assert_eq!(parse_retry("soon", now), Err(RetryValue::Garbage));
+    assert_eq!(parse_retry("", now), Err(RetryValue::Garbage));
+    assert_eq!(parse_retry("1.2.3", now), Err(RetryValue::Garbage));
+    // An HTTP date, in the future and in the past.
+    let date = httpdate::fmt_http_date(at(1_700_000_030));
+    assert_eq!(parse_retry(&date, now), Ok(Duration::from_secs(30)));
+    let past = httpdate::fmt_http_date(at(1_600_000_000));
+    assert_eq!(parse_retry(&past, now), Ok(Duration::ZERO));
+}
+
+#[test]
+fn x_ratelimit_retry_wins_over_retry_after_and_garbage_is_skipped() {
+    let now = at(1_700_000_000);
+    let mut h = HeaderMap::new();
+    h.insert("retry-after", http::HeaderValue::from_static("7"));
+    h.insert("x-ratelimit-retry", http::HeaderValue::from_static("2"));
+    assert_eq!(upstream_retry(&h, now), Some(Duration::from_secs(2)));
+    h.insert("x-ratelimit-retry", http::HeaderValue::from_static("later"));
+    assert_eq!(upstream_retry(&h, now), Some(Duration::from_secs(7)));
+    h.insert("retry-after", http::HeaderValue::from_static("-1"));
+    assert_eq!(upstream_retry(&h, now), None);
+}
+
+#[test]
+fn routes_match_method_host_and_path_patterns() {
+    let limit = Limit::per_minute(1).expect("a valid limit");
+    let url = |s: &str| reqwest::Url::parse(s).expect("a valid url");
+    let exact = Route::new("orders", limit, "/api/v1/supplier/orders").expect("a route");
+    assert!(exact.matches(&Method::GET, &url("https://h/api/v1/supplier/orders?x=1")));
+    assert!(!exact.matches(&Method::GET, &url("https://h/api/v1/supplier/orders/7")));
+    assert!(!exact.matches(&Method::GET, &url("https://h/api/v1/supplier")));
+    let any = Route::new("card", limit, "/cards/*/detail").expect("a route");
+    assert!(any.matches(&Method::GET, &url("https://h/cards/42/detail")));
+    assert!(!any.matches(&Method::GET, &url("https://h/cards/detail")));
+    let rest = Route::new("all", limit, "/api/**")
+        .expect("a route")
+        .method(Method::POST)
+        .host("API.example");
+    assert!(rest.matches(&Method::POST, &url("https://api.example/api")));
+    assert!(rest.matches(&Method::POST, &url("https://api.example/api/a/b/c")));
+    assert!(!rest.matches(&Method::GET, &url("https://api.example/api/a")));
+    assert!(!rest.matches(&Method::POST, &url("https://other.example/api/a")));
+    assert_eq!(
+        Route::new("bad name", limit, "/").map(drop),
+        Err(InvalidKey::BucketName)
+    );
+    assert!(Route::new("x", limit, "no-slash").is_err());
+}
+
+#[test]
+fn secret_accounts_are_hashed_and_not_printed() {
+    let a = Account::secret("tok-123");
+    assert_eq!(format!("{a:?}"), "Account(<secret>)");
+    let key = a.key("orders").map(|k| k.to_string()).unwrap_or_default();
+    assert!(key.starts_with("orders:#") && !key.contains("tok"), "{key}");
+    assert_eq!(
+        Account::new("seller:42")
+            .key("orders")
+            .map(|k| k.to_string())
+            .as_deref(),
+        Some("orders:seller%3A42")
+    );
+}
+
+#[test]
+fn edge_values_of_back_off_headers() {
+    let now = at(1_700_000_000);
+    let secs = Duration::from_secs;
+    // Whitespace around a number is tolerated; inside it, or a sign, is not.
+    assert_eq!(parse_retry("\t7\t", now), Ok(secs(7)));
+    assert_eq!(parse_retry("1 0", now), Err(RetryValue::Garbage));
+    assert_eq!(parse_retry("+5", now), Err(RetryValue::Garbage));
+    assert_eq!(parse_retry("-0", now), Err(RetryValue::Negative));
+    assert_eq!(parse_retry("  -12.5", now), Err(RetryValue::Negative));
+    // Decimals round up, to a whole second at least once above zero.
+    assert_eq!(parse_retry("0.001", now), Ok(secs(1)));
+    assert_eq!(parse_retry("0.0", now), Ok(Duration::ZERO));
+    assert_eq!(parse_retry("5.", now), Ok(secs(5)));
+    assert_eq!(parse_retry(".5", now), Ok(secs(1)));
+    assert_eq!(parse_retry(".", now), Err(RetryValue::Garbage));
+    // A decimal too large for a `Duration` saturates like a huge integer; the caller clamps it.
+    let huge = format!("{}.5", "9".repeat(30));
+    assert_eq!(parse_retry(&huge, now), Ok(Duration::MAX));
+    assert_eq!(parse_retry("18446744073709551616", now), Ok(secs(u64::MAX)));
+    // What `f64` would accept but a delay-seconds value never is.
+    for garbage in ["1e3", "inf", "NaN", "0x10", "\u{663}", "5s", "1_000"] {
+        assert_eq!(
+            parse_retry(garbage, now),
+            Err(RetryValue::Garbage),
+            "{garbage}"
+        );
+    }
+    // The three date formats of HTTP/1.1: IMF-fixdate, RFC 850 and asctime, in the future.
+    for date in [
+        "Tue, 14 Nov 2023 22:14:20 GMT",
+        "Tuesday, 14-Nov-23 22:14:20 GMT",
+        "Tue Nov 14 22:14:20 2023",
+    ] {
+        assert_eq!(
+            parse_retry(date, now),
+            Ok(secs(1_000_000_000 - 999_999_940)),
+            "{date}"
+        );
+    }
+    // A date in the past, even long past, is no wait at all; a far one is taken as given.
+    assert_eq!(
+        parse_retry("Thu, 01 Jan 1970 00:00:00 GMT", now),
+        Ok(Duration::ZERO)
+    );
+    assert_eq!(
+        parse_retry("Fri, 31 Dec 9999 23:59:59 GMT", now),
+        Ok(secs(253_402_300_799 - 1_700_000_000))
+    );
+    // Almost a date.
+    assert_eq!(
+        parse_retry("Tue, 14 Nov 2023 25:14:20 GMT", now),
+        Err(RetryValue::Garbage)
+    );
+}
+
+#[test]
+fn a_header_that_is_not_text_is_skipped_for_the_next() {
+    let now = at(1_700_000_000);
+    let mut h = HeaderMap::new();
+    let not_text = http::HeaderValue::from_bytes(b"\xff\xfe5").expect("obs-text is allowed");
+    h.insert("x-ratelimit-retry", not_text.clone());
+    assert_eq!(upstream_retry(&h, now), None);
+    h.insert("retry-after", http::HeaderValue::from_static("3"));
+    assert_eq!(upstream_retry(&h, now), Some(Duration::from_secs(3)));
+    h.insert("retry-after", not_text);
+    assert_eq!(upstream_retry(&h, now), None);
+}
+
+/// The time the fuzz runs at: whole seconds, so dates and delays compare exactly.
+const NOW_MS: u64 = 1_700_000_000_000;
+
+fn fuzz_config() -> ProptestConfig {
+    let cases = std::env::var("BURSTGATE_FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(512);
+    ProptestConfig {
+        cases,
+        failure_persistence: Some(Box::new(
+            proptest::test_runner::FileFailurePersistence::Direct(
+                "proptest-regressions/middleware/tests.txt",
+            ),
+        )),
+        ..ProptestConfig::default()
+    }
+}
+
+/// Back-off header values: the shapes servers send, their near misses, and anything at all.
+fn header_text() -> impl Strategy<Value = String> {
+    let date = (0..=253_402_300_799u64).prop_map(|s| httpdate::fmt_http_date(at(s)));
+    prop_oneof![
+        "[0-9]{1,25}",
+        "[0-9]{0,25}\\.[0-9]{0,25}",
+        "[ \t]{0,2}[-+]?[0-9]{1,6}(\\.[0-9]{1,3})?[ \t]{0,2}",
+        date,
+        (1_699_999_000..=1_700_001_000u64).prop_map(|s| httpdate::fmt_http_date(at(s))),
+        "[A-Za-z]{3}, [0-9]{2} [A-Za-z]{3} [0-9]{4} [0-9:]{8} GMT",
+        ".*",
+    ]
+}
+
+proptest! {
+    #![proptest_config(fuzz_config())]
+
+    /// Any text: never a panic; a delay only for what the rules accept, and then the right one.
+    #[test]
+    fn parse_retry_accepts_only_what_its_rules_say(value in header_text()) {
+        let now = at(NOW_MS / 1_000);
+        let parsed = parse_retry(&value, now);
+        let trimmed = value.trim();
+        let digits = !trimmed.is_empty() && trimmed.bytes().all(|b| b.is_ascii_digit());
+        if trimmed.starts_with('-') {
+            prop_assert_eq!(parsed, Err(RetryValue::Negative));
+        } else if digits {
+            // Past `u64::MAX` seconds it saturates; the middleware clamps it to `max_backoff`.
+            let expected = Duration::from_secs(trimmed.parse::<u64>().unwrap_or(u64::MAX));
+            prop_assert_eq!(parsed, Ok(expected));
+        } else if let Ok(date) = httpdate::parse_http_date(trimmed) {
+            let expected = date.duration_since(now).unwrap_or(Duration::ZERO);
+            prop_assert_eq!(parsed, Ok(expected));
+        } else if parsed.is_err() {
+            prop_assert_eq!(parsed, Err(RetryValue::Garbage));
+        } else if let Ok(d) = &parsed {
+            // Only a decimal is left: rounded up to whole seconds, or `Duration::MAX` when too
+            // large for one.
+            prop_assert!(
+                trimmed.bytes().all(|b| b.is_ascii_digit() || b == b'.'),
+                "{:?} parsed as {:?}", value, d
+            );
+            let secs = trimmed.parse::<f64>().map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let expected = Duration::try_from_secs_f64(secs.ceil()).unwrap_or(Duration::MAX);
+            prop_assert_eq!(*d, expected);
+            prop_assert!(d.subsec_nanos() == 0 || *d == Duration::MAX);
+        }
+    }
+
+    /// Any header bytes, under either name, through what the middleware does with an upstream
+    /// 429: never a panic, and the shared bucket is drained for the header's delay clamped to
+    /// `max_backoff`, or for one token period when the header is unusable.
+    #[test]
+    fn a_429_drains_for_at_most_max_backoff_whatever_its_headers(
+        x_ratelimit_retry in proptest::option::of(prop_oneof![
+            header_text().prop_map(String::into_bytes),
+            proptest::collection::vec(any::<u8>(), 0..40),
+        ]),
+        retry_after in proptest::option::of(prop_oneof![
+            header_text().prop_map(String::into_bytes),
+            proptest::collection::vec(any::<u8>(), 0..40),
+        ]),
+        max_backoff_s in prop_oneof![Just(0u64), 0..=86_400u64, Just(100 * 365 * 86_400)],
+    ) {
+        let mut headers = HeaderMap::new();
+        for (name, value) in [("x-ratelimit-retry", &x_ratelimit_retry), ("retry-after", &retry_after)] {
+            // A value http would not carry (a control byte) cannot reach the middleware.
+            if let Some(v) = value.as_deref().and_then(|v| http::HeaderValue::from_bytes(v).ok()) {
+                headers.insert(name, v);
+            }
+        }
+        let clock = ManualClock::new(NOW_MS);
+        let store = MemoryStore::with_clock(clock.clone());
+        let max_backoff = Duration::from_secs(max_backoff_s);
+        let middleware = RateLimitMiddleware::new(store.clone())
+            .with_clock(clock)
+            .max_backoff(max_backoff);
+        // One token a second, so a token period is a whole second.
+        let limit = Limit::per_second(1).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let key = BucketKey::new("api", "fuzz").map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let mut answer = http::Response::new(Vec::<u8>::new());
+        *answer.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+        *answer.headers_mut() = headers.clone();
+        let answer = Response::from(answer);
+
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let quota = runtime.block_on(async {
+            middleware.feedback(&key, limit, &answer).await;
+            store.peek(&key, limit).await
+        });
+        let quota = quota.map_err(|e| TestCaseError::fail(e.to_string()))?;
+
+        let period = Duration::from_secs(1);
+        let told = upstream_retry(&headers, at(NOW_MS / 1_000));
+        let expected = told.map_or(period, |d| d.min(max_backoff).max(period));
+        prop_assert_eq!(quota.remaining(), 0);
+        prop_assert_eq!(quota.next_token_in(), expected, "told {:?}", told);
+        prop_assert!(quota.next_token_in() <= max_backoff.max(period));
+    }
+}
