@@ -202,9 +202,17 @@ pub(crate) fn evaluate(
 pub(crate) fn peek(p: &Params, state: Option<State>, now: u64) -> Outcome {
     let now = time(now);
     let (s, avail, _) = available(p, state, now);
+    // A token available now is available now, even when the clock is behind the stored time
+    // (`ready_at` measures from the stored time). Otherwise the token is due after now,
+    // whichever of now and the stored time is later.
+    let next = if avail >= 1.0 {
+        0.0
+    } else {
+        ready_at(p, s.t, s.ts, 1.0) - now
+    };
     Outcome {
         allowed: avail >= 1.0,
-        wait: whole(max(0.0, ready_at(p, s.t, s.ts, 1.0) - now)),
+        wait: whole(next),
         remaining: whole_tokens(avail),
         reset: whole(max(0.0, ready_at(p, s.t, s.ts, p.capacity) - now)),
     }

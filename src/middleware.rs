@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::{Extensions, HeaderMap, HeaderName, Method, StatusCode};
 use reqwest::{Request, Response};
@@ -170,7 +170,8 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
     }
 
     /// The longest an upstream 429 may drain the bucket for (default ten minutes): a larger
-    /// `Retry-After` is clamped to it, with a warning.
+    /// `Retry-After` is clamped to it, with a warning. Any value is accepted; a drain never
+    /// reaches past the latest time the arithmetic works with (2^53 − 1 ms after 1970).
     #[must_use]
     pub fn max_backoff(mut self, max_backoff: Duration) -> Self {
         Arc::make_mut(&mut self.config).max_backoff = max_backoff;
@@ -263,7 +264,13 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
             // The bucket is empty at the deadline and refills from there, so drain until one
             // token period before the time the upstream gave: the first token is then ready at
             // that time, not a period later.
-            let until = self.clock.now() + retry;
+            // Past what `SystemTime` holds (a `max_backoff` of `Duration::MAX` and a huge
+            // header), the latest time the arithmetic knows: the store clamps to it anyway.
+            let until = self
+                .clock
+                .now()
+                .checked_add(retry)
+                .unwrap_or(UNIX_EPOCH + Duration::from_millis(crate::bucket::MAX_TIME));
             let until = until.checked_sub(token_period(limit)).unwrap_or(until);
             tracing::debug!(
                 bucket = key.bucket(),

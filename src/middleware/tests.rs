@@ -160,6 +160,37 @@ fn a_header_that_is_not_text_is_skipped_for_the_next() {
 /// The time the fuzz runs at: whole seconds, so dates and delays compare exactly.
 const NOW_MS: u64 = 1_700_000_000_000;
 
+#[test]
+fn an_unbounded_max_backoff_and_a_huge_header_drain_without_overflow() {
+    let clock = ManualClock::new(NOW_MS);
+    let store = MemoryStore::with_clock(clock.clone());
+    let middleware = RateLimitMiddleware::new(store.clone())
+        .with_clock(clock)
+        .max_backoff(Duration::MAX);
+    let limit = Limit::per_second(1).expect("a valid limit");
+    let key = BucketKey::new("api", "huge").expect("a valid key");
+    let mut answer = http::Response::new(Vec::<u8>::new());
+    *answer.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+    answer.headers_mut().insert(
+        "retry-after",
+        http::HeaderValue::from_static("99999999999999999999999"),
+    );
+    let answer = Response::from(answer);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("a runtime");
+    let quota = runtime
+        .block_on(async {
+            middleware.feedback(&key, limit, &answer).await;
+            store.peek(&key, limit).await
+        })
+        .expect("peek");
+    assert_eq!(quota.remaining(), 0);
+    // Drained until the end of time as the arithmetic knows it: 2^53 - 1 ms after 1970.
+    let end = Duration::from_millis((1 << 53) - 1 - NOW_MS);
+    assert!(quota.next_token_in() >= end - Duration::from_secs(1));
+}
+
 fn fuzz_config() -> ProptestConfig {
     let cases = std::env::var("BURSTGATE_FUZZ_CASES")
         .ok()

@@ -90,8 +90,10 @@ if op == '1' then
 elseif op == '2' then
   local left = 0
   if avail > 0 then left = math.floor(avail) end
-  local next_in = ready_at(t, ts, 1) - now
-  if not (next_in > 0) then next_in = 0 end
+  -- A token available now is available now, even when the clock is behind the stored time.
+  -- Otherwise the token is due after now, whichever of now and ts is later.
+  local next_in = 0
+  if not (avail >= 1) then next_in = ready_at(t, ts, 1) - now end
   local reset = ready_at(t, ts, capacity) - now
   if not (reset > 0) then reset = 0 end
   return {avail >= 1 and 1 or 0, next_in, left, reset}

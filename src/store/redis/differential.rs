@@ -353,10 +353,13 @@ const MUTANTS: &[(&str, &str)] = &[
     ),
     // peek
     (
-        "local next_in = ready_at(t, ts, 1) - now",
-        "local next_in = ready_at(t, ts, 1) - now - 1",
+        "if not (avail >= 1) then next_in = ready_at(t, ts, 1) - now end",
+        "if not (avail >= 1) then next_in = ready_at(t, ts, 1) - now - 1 end",
     ),
-    ("if not (next_in > 0) then next_in = 0 end", ""),
+    (
+        "if not (avail >= 1) then next_in = ready_at(t, ts, 1) - now end",
+        "next_in = ready_at(t, ts, 1) - now",
+    ),
     ("if not (reset > 0) then reset = 0 end", ""),
     (
         "return {avail >= 1 and 1 or 0, next_in, left, reset}",
