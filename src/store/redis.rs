@@ -87,8 +87,9 @@ fn script() -> &'static redis::Script {
 ///
 /// Every call has a timeout, 250 ms unless set with [`with_timeout`](Self::with_timeout): a
 /// decision that takes longer is not a decision a request should wait for. A call that fails
-/// with an error Redis sends only for commands it did not run (`TRYAGAIN`, `CLUSTERDOWN`,
-/// `MASTERDOWN`, `LOADING`, `READONLY`, `BUSY`), or with a refused connection, is retried once
+/// with an error Redis sends only for commands it did not run (`TRYAGAIN`, `MOVED`, `ASK`,
+/// `CLUSTERDOWN`, `MASTERDOWN`, `LOADING`, `READONLY`, `BUSY`), or with a refused connection, is
+/// retried once
 /// within the same timeout. A call that times out or loses its connection may still have run, so
 /// its tokens may be spent in Redis: the store does not refund them, since a refund of a call that
 /// never ran would give away tokens nobody took. Counting them spent is the safe direction.
@@ -271,6 +272,9 @@ where
     async fn run(&self, key: &BucketKey, now: u64, args: Args) -> Result<Reply, Failure> {
         let pass = self.circuit.pass(now);
         if let Pass::Open(retry_in) = pass {
+            // Answered without waiting on anything: spend tokio's budget, so that a loop of such
+            // calls still lets other tasks run.
+            tokio::task::coop::consume_budget().await;
             return Err(Failure::Outage(StoreError::Unavailable { retry_in }));
         }
         let redis_key = RedisKey {
@@ -295,6 +299,15 @@ where
                 Err(Failure::Fatal(StoreError::WrongType {
                     key: redis_key.to_string(),
                 }))
+            }
+            Ok(Err(e)) if is_redirect(&e) => {
+                // A slot on the move: the nodes are up and answering. The call failed, but this
+                // is no outage, and must not open the circuit for every key.
+                self.circuit.success(pass);
+                Err(Failure::Outage(StoreError::Backend(BackendError::new(
+                    "redis call redirected while a cluster slot moved",
+                    Some(Box::new(e)),
+                ))))
             }
             Ok(Err(e)) => {
                 self.circuit.failure(pass, self.clock.now_ms(), &e);
@@ -359,13 +372,16 @@ impl fmt::Display for RedisKey<'_> {
 }
 
 /// Errors Redis returns only for commands it did not run, and a connection that was refused:
-/// a retry cannot spend tokens twice.
+/// a retry cannot spend tokens twice. A cluster connection follows `MOVED` and `ASK` itself, but
+/// can still return one when a slot moves again while it follows the first.
 fn not_executed(e: &RedisError) -> bool {
     e.is_connection_refusal()
         || matches!(
             e.kind(),
             ErrorKind::Server(
                 ServerErrorKind::TryAgain
+                    | ServerErrorKind::Moved
+                    | ServerErrorKind::Ask
                     | ServerErrorKind::ClusterDown
                     | ServerErrorKind::MasterDown
                     | ServerErrorKind::BusyLoading
@@ -373,6 +389,16 @@ fn not_executed(e: &RedisError) -> bool {
             )
         )
         || e.code() == Some("BUSY")
+}
+
+/// Cluster redirections that a cluster connection gave up following: the slot is moving.
+fn is_redirect(e: &RedisError) -> bool {
+    matches!(
+        e.kind(),
+        ErrorKind::Server(
+            ServerErrorKind::Moved | ServerErrorKind::Ask | ServerErrorKind::TryAgain
+        )
+    )
 }
 
 /// Runs the script for one bucket: `EVALSHA`, and after `NOSCRIPT` the same call as `EVAL`. The
@@ -580,6 +606,7 @@ where
         if let Some(cache) = &self.deny
             && let Some(outcome) = cache.check(key, limit, now, cost_f, max_wait_ms)
         {
+            tokio::task::coop::consume_budget().await;
             return Ok(Decision::new(outcome, limit));
         }
         let args = Args {
