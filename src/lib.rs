@@ -250,12 +250,12 @@ pub use limit::{InvalidLimit, Limit};
 #[cfg(feature = "reqwest")]
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
 pub use middleware::RateLimitMiddleware;
-#[cfg(feature = "redis")]
-#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-pub use store::RedisStore;
 pub use store::{
     BackendError, BoxFuture, BucketStore, Decision, DynBucketStore, MemoryStore, Quota, StoreError,
 };
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use store::{Breaker, OutagePolicy, RedisStore};
 
 // The README's examples need the `redis`, `tower` and `reqwest` features to compile.
 #[doc = include_str!("../README.md")]

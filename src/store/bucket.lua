@@ -5,7 +5,8 @@
 --          ts = milliseconds since the Unix epoch, each an IEEE 754 double, little-endian
 -- ARGV     op (1 acquire, 2 peek, 3 refund, 4 drain), now, tokens, interval (ms), capacity,
 --          x (cost for acquire and refund, until for drain), max_wait (ms, acquire only)
--- Returns  {allowed, wait, remaining, reset}, whole numbers (Redis truncates Lua numbers).
+-- Returns  {allowed, wait, remaining, reset}, whole numbers (Redis truncates Lua numbers); a
+--          denial adds the stored value, as it was read.
 --
 -- The doubles are stored as their own 8 bytes, so they round-trip exactly, with no decimal
 -- formatting or parsing (Lua's tostring would keep only 14 digits). All times are whole
@@ -81,9 +82,11 @@ if op == '1' then
     if t2 > 0 then left = math.floor(t2) end
     return {1, wait, left, full - now}
   end
+  -- The stored value goes back with a denial, for the caller's deny cache. A denial always has
+  -- one: a missing bucket is full, and a cost never exceeds the capacity.
   local left = 0
   if avail > 0 then left = math.floor(avail) end
-  return {0, wait, left, ready_at(t, ts, capacity) - now}
+  return {0, wait, left, ready_at(t, ts, capacity) - now, stored}
 elseif op == '2' then
   local left = 0
   if avail > 0 then left = math.floor(avail) end

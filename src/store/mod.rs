@@ -46,7 +46,7 @@ pub use memory::MemoryStore;
 mod redis;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-pub use self::redis::RedisStore;
+pub use self::redis::{Breaker, OutagePolicy, RedisStore};
 
 /// A place that keeps token buckets and decides on them atomically.
 ///
@@ -228,9 +228,20 @@ pub enum StoreError {
         /// The full store key.
         key: String,
     },
-    /// The backend failed: connection lost, timed out, or answered something unexpected. The
+    /// The backend failed: connection lost or refused, or it answered something unexpected. The
     /// backend's own error is the [`source`](StdError::source).
     Backend(BackendError),
+    /// The backend did not answer within the store's timeout. The call may still have run: its
+    /// tokens count as spent.
+    Timeout {
+        /// The timeout that passed.
+        after: Duration,
+    },
+    /// The backend was not asked: its circuit breaker is open after repeated failures.
+    Unavailable {
+        /// About how long until the breaker lets a call try the backend again.
+        retry_in: Duration,
+    },
 }
 
 impl fmt::Display for StoreError {
@@ -245,6 +256,11 @@ impl fmt::Display for StoreError {
                 write!(f, "store key {key:?} holds a value that is not a bucket")
             }
             Self::Backend(e) => fmt::Display::fmt(e, f),
+            Self::Timeout { after } => write!(f, "the store did not answer within {after:?}"),
+            Self::Unavailable { retry_in } => write!(
+                f,
+                "the store is unavailable after repeated failures (next try in {retry_in:?})"
+            ),
         }
     }
 }

@@ -1,15 +1,26 @@
 //! The shared store, on Redis.
 
 use std::fmt;
+use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use redis::aio::ConnectionLike;
+use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 
-use crate::bucket::Outcome;
+use crate::bucket::{Outcome, State};
 use crate::clock::{Clock, SystemClock, deadline_ms};
-use crate::store::{BackendError, BucketStore, Decision, Quota, StoreError, check_cost};
+use crate::store::{
+    BackendError, BucketStore, Decision, MemoryStore, Quota, StoreError, check_cost,
+};
 use crate::{BucketKey, InvalidKey, Limit};
+
+mod deny_cache;
+mod outage;
+
+use deny_cache::DenyCache;
+pub use outage::{Breaker, OutagePolicy};
+use outage::{Circuit, Pass};
 
 /// The version of the stored format, part of every key: a change of the stored type moves to new
 /// keys instead of meeting old values. 1 was a hash `{t, ts}` with decimal fields; 2 is one
@@ -18,10 +29,15 @@ const FORMAT: u32 = 2;
 
 const DEFAULT_PREFIX: &str = "burstgate";
 
+/// How long a call may take by default before it counts as failed.
+const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
+
+const SOURCE: &str = include_str!("bucket.lua");
+
 /// The script, shared by every store in the process: its SHA-1 is computed once.
 fn script() -> &'static redis::Script {
     static SCRIPT: std::sync::OnceLock<redis::Script> = std::sync::OnceLock::new();
-    SCRIPT.get_or_init(|| redis::Script::new(include_str!("bucket.lua")))
+    SCRIPT.get_or_init(|| redis::Script::new(SOURCE))
 }
 
 /// Buckets in Redis, shared by every process that reaches it.
@@ -30,8 +46,11 @@ fn script() -> &'static redis::Script {
 /// (milliseconds since the Unix epoch), each an IEEE 754 `f64`, little-endian, as Lua's
 /// `struct.pack('<dd', t, ts)` writes them. One Lua script reads and writes it, mirroring the
 /// crate's reference arithmetic to the last bit. The script runs with `EVALSHA`; after a
-/// `NOSCRIPT` (a restart, a failover, `SCRIPT FLUSH`) it is loaded again and the call repeated,
-/// once. The time is the store's [`Clock`], passed to the script, never Redis's `TIME`.
+/// `NOSCRIPT` (a restart, a failover, `SCRIPT FLUSH`) the call is repeated once as `EVAL` with
+/// the script's source, which also loads it into that server's script cache. Both are routed by
+/// the bucket's key like any other command; there is no `SCRIPT LOAD` sent to every node, so on
+/// a cluster a node that is down cannot keep the script from loading on the others. The time is
+/// the store's [`Clock`], passed to the script, never Redis's `TIME`.
 ///
 /// A decision costs Redis one `GET`, and, when it admits (or refunds, or drains), one
 /// `SET ... PX` that writes the state and its expiry together; a plain denial writes nothing. The
@@ -60,10 +79,38 @@ fn script() -> &'static redis::Script {
 /// many calls share one multiplexed connection concurrently. The script touches one key, so it
 /// needs no hash tags on a cluster.
 ///
-/// The connection's own response timeout applies (redis-rs gives multiplexed connections 500 ms
-/// by default; set it on the client's `AsyncConnectionConfig`). A call that times out is a
-/// [`StoreError::Backend`]; the script may still have run, so its token counts as spent, the safe
-/// direction.
+/// [`RedisStore::connect`] opens a [`ConnectionManager`](redis::aio::ConnectionManager) set up
+/// for this store: it reconnects in the background after a failure, retrying at least every
+/// 200 ms, so decisions resume soon after Redis is back.
+///
+/// # When Redis fails
+///
+/// Every call has a timeout, 250 ms unless set with [`with_timeout`](Self::with_timeout): a
+/// decision that takes longer is not a decision a request should wait for. A call that fails
+/// with an error Redis sends only for commands it did not run (`TRYAGAIN`, `CLUSTERDOWN`,
+/// `MASTERDOWN`, `LOADING`, `READONLY`, `BUSY`), or with a refused connection, is retried once
+/// within the same timeout. A call that times out or loses its connection may still have run, so
+/// its tokens may be spent in Redis: the store does not refund them, since a refund of a call that
+/// never ran would give away tokens nobody took. Counting them spent is the safe direction.
+///
+/// A [`Breaker`] watches the calls: after 3 failures in a row it opens for 500 ms, and calls are
+/// answered at once instead of each waiting out the timeout; then one call probes, and the first
+/// answer from Redis closes it. What a failed call, or a call while the circuit is open, answers
+/// is the [`OutagePolicy`]: [`FailClosed`](OutagePolicy::FailClosed) by default (an error, so the
+/// tower layer answers 503), [`FailOpen`](OutagePolicy::FailOpen), or
+/// [`Local`](OutagePolicy::Local) buckets in this process with a share of the limit.
+///
+/// # Deny cache
+///
+/// When Redis denies, its answer carries the bucket's state, and the store keeps it: until that
+/// state would admit, further requests for the bucket in this process are denied here with no
+/// round trip, with the same `retry_after` Redis would give. Under a flood on one bucket this
+/// takes nearly all requests off Redis. It denies only what Redis would deny, with one exception,
+/// the worst case: if another process refunds tokens to the bucket, or Redis loses it (a restart
+/// without persistence, `FLUSHALL`), a request here may be denied that Redis would now admit, at
+/// most until the `retry_after` of the denial that filled the cache. Refunds and drains made
+/// through this store (or its clones) drop the cached state first. Turn it off with
+/// [`with_deny_cache(false)`](Self::with_deny_cache). It holds at most 16,384 buckets.
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -83,20 +130,58 @@ fn script() -> &'static redis::Script {
 /// ```
 pub struct RedisStore<C, K = SystemClock> {
     conn: C,
-    clock: K,
+    clock: Arc<K>,
     prefix: Arc<str>,
+    timeout: Duration,
+    policy: OutagePolicy,
+    circuit: Arc<Circuit>,
+    deny: Option<Arc<DenyCache>>,
+    /// The buckets of [`OutagePolicy::Local`], made whatever the policy: they cost nothing
+    /// until used.
+    local: MemoryStore<Arc<K>>,
+}
+
+impl RedisStore<redis::aio::ConnectionManager, SystemClock> {
+    /// Connects to the Redis at `url` (`redis://`, or `rediss://` with TLS) through a
+    /// reconnecting [`ConnectionManager`](redis::aio::ConnectionManager): reconnection attempts
+    /// at most 200 ms apart, a 1 s limit on each connection attempt, and no response timeout of
+    /// its own, since the store's [`with_timeout`](Self::with_timeout) bounds every call.
+    ///
+    /// Fails when the URL is invalid or the first connection cannot be made.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let backend = |context| {
+            move |e: RedisError| StoreError::Backend(BackendError::new(context, Some(Box::new(e))))
+        };
+        let client = redis::Client::open(url).map_err(backend("invalid Redis URL"))?;
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_min_delay(Duration::from_millis(20))
+            .set_max_delay(Duration::from_millis(200))
+            .set_connection_timeout(Some(Duration::from_secs(1)))
+            .set_response_timeout(None);
+        let conn = redis::aio::ConnectionManager::new_with_config(client, config)
+            .await
+            .map_err(backend("could not connect to Redis"))?;
+        Ok(Self::new(conn))
+    }
 }
 
 impl<C> RedisStore<C, SystemClock>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    /// A store on `conn`, with the default prefix and the system clock.
+    /// A store on `conn`, with the default prefix, the system clock, a 250 ms timeout, the
+    /// default [`Breaker`], [`OutagePolicy::FailClosed`] and the deny cache on.
     pub fn new(conn: C) -> Self {
+        let clock = Arc::new(SystemClock);
         Self {
             conn,
-            clock: SystemClock,
+            local: MemoryStore::with_clock(Arc::clone(&clock)),
+            clock,
             prefix: Arc::from(DEFAULT_PREFIX),
+            timeout: DEFAULT_TIMEOUT,
+            policy: OutagePolicy::default(),
+            circuit: Arc::new(Circuit::new(Breaker::default())),
+            deny: Some(Arc::new(DenyCache::new())),
         }
     }
 }
@@ -121,50 +206,224 @@ where
     /// Reads the time from `clock` instead of the system clock.
     #[must_use]
     pub fn with_clock<K2: Clock>(self, clock: K2) -> RedisStore<C, K2> {
+        let clock = Arc::new(clock);
         RedisStore {
             conn: self.conn,
+            local: MemoryStore::with_clock(Arc::clone(&clock)),
             clock,
             prefix: self.prefix,
+            timeout: self.timeout,
+            policy: self.policy,
+            circuit: self.circuit,
+            deny: self.deny,
         }
+    }
+
+    /// How long a call may take before it counts as failed (250 ms by default). The outcome of
+    /// a call that timed out is unknown; its tokens may be spent.
+    #[must_use]
+    pub fn with_timeout(self, timeout: Duration) -> Self {
+        Self { timeout, ..self }
+    }
+
+    /// What to answer when Redis fails or the circuit is open.
+    #[must_use]
+    pub fn on_outage(self, policy: OutagePolicy) -> Self {
+        Self { policy, ..self }
+    }
+
+    /// When the circuit opens, and for how long. Starts closed.
+    #[must_use]
+    pub fn with_breaker(self, breaker: Breaker) -> Self {
+        Self {
+            circuit: Arc::new(Circuit::new(breaker)),
+            ..self
+        }
+    }
+
+    /// Turns the local deny cache on (the default) or off.
+    #[must_use]
+    pub fn with_deny_cache(self, on: bool) -> Self {
+        Self {
+            deny: on.then(|| Arc::new(DenyCache::new())),
+            ..self
+        }
+    }
+
+    /// Whether the circuit breaker is open: Redis failed and calls are answered by the
+    /// [`OutagePolicy`] without trying it.
+    pub fn is_circuit_open(&self) -> bool {
+        self.circuit.is_open()
     }
 
     /// The full Redis key of a bucket.
     pub fn redis_key(&self, key: &BucketKey) -> String {
-        format!("{}:v{FORMAT}:{}", self.prefix, key.as_str())
+        RedisKey {
+            prefix: &self.prefix,
+            key,
+        }
+        .to_string()
     }
 
-    async fn run(&self, key: &BucketKey, args: Args) -> Result<Outcome, StoreError> {
-        let mut conn = self.conn.clone();
-        invoke(
-            script(),
-            &mut conn,
-            self.redis_key(key),
-            self.clock.now_ms(),
-            &args,
-        )
-        .await
+    /// Runs the script for one bucket, through the circuit breaker and within the timeout.
+    async fn run(&self, key: &BucketKey, now: u64, args: Args) -> Result<Reply, Failure> {
+        let pass = self.circuit.pass(now);
+        if let Pass::Open(retry_in) = pass {
+            return Err(Failure::Outage(StoreError::Unavailable { retry_in }));
+        }
+        let redis_key = RedisKey {
+            prefix: &self.prefix,
+            key,
+        };
+        let call = async {
+            let mut conn = self.conn.clone();
+            match invoke(&mut conn, redis_key, now, &args).await {
+                Err(e) if not_executed(&e) => invoke(&mut conn, redis_key, now, &args).await,
+                done => done,
+            }
+        };
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(Ok(value)) => {
+                self.circuit.success(pass);
+                parse_reply(&value).map_err(Failure::Fatal)
+            }
+            Ok(Err(e)) if e.code() == Some("WRONGTYPE") => {
+                // Redis answered: it is up, the data is wrong.
+                self.circuit.success(pass);
+                Err(Failure::Fatal(StoreError::WrongType {
+                    key: redis_key.to_string(),
+                }))
+            }
+            Ok(Err(e)) => {
+                self.circuit.failure(pass, self.clock.now_ms(), &e);
+                Err(Failure::Outage(StoreError::Backend(BackendError::new(
+                    "redis call failed",
+                    Some(Box::new(e)),
+                ))))
+            }
+            Err(_) => {
+                let error = StoreError::Timeout {
+                    after: self.timeout,
+                };
+                self.circuit.failure(pass, self.clock.now_ms(), &error);
+                Err(Failure::Outage(error))
+            }
+        }
+    }
+
+    /// The limit of this process's local bucket under [`OutagePolicy::Local`], or `None` when
+    /// the policy is another, or the share would hold no token.
+    fn local_limit(&self, limit: Limit) -> Option<Limit> {
+        let OutagePolicy::Local { processes } = self.policy else {
+            return None;
+        };
+        share(limit, processes)
     }
 }
 
-/// Runs `script` for one bucket. The store and the differential test share this, so the test
-/// encodes arguments exactly as the store does.
+/// A limit's share for one of `processes`: the same tokens over `processes` times the interval,
+/// and the burst divided (rounded down). `None` when the share holds no whole token, or its
+/// interval is out of range.
+fn share(limit: Limit, processes: NonZeroU32) -> Option<Limit> {
+    let n = processes.get();
+    if n == 1 {
+        return Some(limit);
+    }
+    let interval = limit.interval().checked_mul(n)?;
+    Limit::new(limit.tokens(), interval)
+        .and_then(|l| l.with_burst(limit.burst() / n))
+        .ok()
+}
+
+/// Why [`RedisStore::run`] has no answer.
+enum Failure {
+    /// Redis failed, did not answer in time, or the circuit is open: the policy decides.
+    Outage(StoreError),
+    /// Redis answered, and the answer is an error: returned as it is.
+    Fatal(StoreError),
+}
+
+/// A bucket's Redis key, written straight into the command with no string of its own.
+#[derive(Clone, Copy)]
+struct RedisKey<'a> {
+    prefix: &'a str,
+    key: &'a BucketKey,
+}
+
+impl fmt::Display for RedisKey<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:v{FORMAT}:{}", self.prefix, self.key.as_str())
+    }
+}
+
+/// Errors Redis returns only for commands it did not run, and a connection that was refused:
+/// a retry cannot spend tokens twice.
+fn not_executed(e: &RedisError) -> bool {
+    e.is_connection_refusal()
+        || matches!(
+            e.kind(),
+            ErrorKind::Server(
+                ServerErrorKind::TryAgain
+                    | ServerErrorKind::ClusterDown
+                    | ServerErrorKind::MasterDown
+                    | ServerErrorKind::BusyLoading
+                    | ServerErrorKind::ReadOnly
+            )
+        )
+        || e.code() == Some("BUSY")
+}
+
+/// Runs the script for one bucket: `EVALSHA`, and after `NOSCRIPT` the same call as `EVAL`. The
+/// store and the differential test share this, so the test encodes arguments exactly as the store
+/// does.
 async fn invoke(
-    script: &redis::Script,
     conn: &mut impl ConnectionLike,
-    redis_key: String,
+    redis_key: RedisKey<'_>,
     now: u64,
     args: &Args,
-) -> Result<Outcome, StoreError> {
-    let mut invocation = script.key(&redis_key);
-    invocation.arg(&args.values(now)[..]);
-    let reply: Vec<i64> = invocation
-        .invoke_async(conn)
+) -> Result<Value, RedisError> {
+    let values = args.values(now);
+    let sha = script().get_hash();
+    match command("EVALSHA", sha, redis_key, &values)
+        .query_async(conn)
         .await
-        .map_err(|e| map_error(e, redis_key))?;
-    outcome(&reply)
+    {
+        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            command("EVAL", SOURCE, redis_key, &values)
+                .query_async(conn)
+                .await
+        }
+        done => done,
+    }
+}
+
+/// One script call, built in one buffer sized for it.
+fn command(name: &str, script: &str, redis_key: RedisKey<'_>, values: &[u64; 7]) -> Cmd {
+    // The key is at most 64 + 4 + 64 + 1 + 128 bytes, each number at most 20 digits.
+    let mut cmd = Cmd::with_capacity(10, name.len() + script.len() + 1 + 270 + 7 * 20);
+    cmd.arg(name)
+        .arg(script)
+        .arg(1)
+        .arg(redis_key_arg(redis_key));
+    for v in values {
+        cmd.arg(*v);
+    }
+    cmd
+}
+
+/// The key as a command argument, formatted into the command's buffer.
+fn redis_key_arg(key: RedisKey<'_>) -> impl redis::ToRedisArgs + '_ {
+    struct Arg<'a>(RedisKey<'a>);
+    impl redis::ToRedisArgs for Arg<'_> {
+        fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
+            out.write_arg_fmt(self.0);
+        }
+    }
+    Arg(key)
 }
 
 /// One call's arguments, in the script's terms.
+#[derive(Clone, Copy)]
 struct Args {
     op: Op,
     limit: Limit,
@@ -197,29 +456,107 @@ impl Args {
     }
 }
 
-fn outcome(reply: &[i64]) -> Result<Outcome, StoreError> {
-    let whole = |i: usize| reply.get(i).and_then(|&v| u64::try_from(v).ok());
-    match (reply.len(), whole(0), whole(1), whole(2), whole(3)) {
-        (4, Some(allowed), Some(wait), Some(remaining), Some(reset)) if allowed <= 1 => {
-            Ok(Outcome {
-                allowed: allowed == 1,
-                wait,
-                remaining,
-                reset,
-            })
-        }
-        _ => Err(StoreError::Backend(BackendError::new(
-            "the bucket script answered something other than four whole numbers",
-            None,
-        ))),
-    }
+/// What the script answered.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Reply {
+    outcome: Outcome,
+    /// With a denial, the stored state the script denied on.
+    state: Option<State>,
 }
 
-fn map_error(e: redis::RedisError, key: String) -> StoreError {
-    if e.code() == Some("WRONGTYPE") {
-        StoreError::WrongType { key }
-    } else {
-        StoreError::Backend(BackendError::new("redis call failed", Some(Box::new(e))))
+fn parse_reply(value: &Value) -> Result<Reply, StoreError> {
+    let bad = || {
+        StoreError::Backend(BackendError::new(
+            "the bucket script answered something other than a bucket's decision",
+            None,
+        ))
+    };
+    let Value::Array(items) = value else {
+        return Err(bad());
+    };
+    let whole = |i: usize| match items.get(i) {
+        Some(Value::Int(v)) => u64::try_from(*v).ok(),
+        _ => None,
+    };
+    let (Some(allowed), Some(wait), Some(remaining), Some(reset)) =
+        (whole(0), whole(1), whole(2), whole(3))
+    else {
+        return Err(bad());
+    };
+    if allowed > 1 {
+        return Err(bad());
+    }
+    let state = match items.get(4) {
+        None => None,
+        Some(Value::BulkString(bytes)) => Some(decode(bytes).ok_or_else(bad)?),
+        Some(_) => return Err(bad()),
+    };
+    if items.len() > 5 {
+        return Err(bad());
+    }
+    Ok(Reply {
+        outcome: Outcome {
+            allowed: allowed == 1,
+            wait,
+            remaining,
+            reset,
+        },
+        state,
+    })
+}
+
+/// A stored value, as the script writes it: `t` then `ts`, each an `f64`, little-endian.
+fn decode(value: &[u8]) -> Option<State> {
+    let (t, ts) = value.split_first_chunk::<8>()?;
+    let ts: &[u8; 8] = ts.try_into().ok()?;
+    Some(State {
+        t: f64::from_le_bytes(*t),
+        ts: f64::from_le_bytes(*ts),
+    })
+}
+
+impl<C, K> RedisStore<C, K>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+    K: Clock,
+{
+    /// The answer under the policy when Redis could not give one.
+    async fn acquire_in_outage(
+        &self,
+        error: StoreError,
+        key: &BucketKey,
+        limit: Limit,
+        cost: u32,
+        max_wait: Duration,
+    ) -> Result<Decision, StoreError> {
+        match self.policy {
+            OutagePolicy::FailClosed => Err(error),
+            OutagePolicy::FailOpen => {
+                if !matches!(error, StoreError::Unavailable { .. }) {
+                    tracing::warn!(
+                        target: "burstgate::redis",
+                        key = %key.fingerprint(),
+                        %error,
+                        "redis failed: admitting (fail open)"
+                    );
+                }
+                let outcome = Outcome {
+                    allowed: true,
+                    wait: 0,
+                    remaining: 0,
+                    reset: 0,
+                };
+                Ok(Decision::new(outcome, limit))
+            }
+            OutagePolicy::Local { .. } => match self.local_limit(limit) {
+                Some(local) if cost <= local.burst() => {
+                    let d = self.local.acquire(key, local, cost, max_wait).await?;
+                    // Reported under the limit the caller gave, for headers and the like.
+                    Ok(Decision { limit, ..d })
+                }
+                _ => Err(error),
+            },
+        }
     }
 }
 
@@ -235,15 +572,32 @@ where
         cost: u32,
         max_wait: Duration,
     ) -> Result<Decision, StoreError> {
-        check_cost(&limit, cost)?;
-        let max_wait = u64::try_from(max_wait.as_millis()).unwrap_or(u64::MAX);
+        let cost_f = check_cost(&limit, cost)?;
+        let max_wait_ms = u64::try_from(max_wait.as_millis()).unwrap_or(u64::MAX);
+        let now = self.clock.now_ms();
+        if let Some(cache) = &self.deny
+            && let Some(outcome) = cache.check(key, limit, now, cost_f, max_wait_ms)
+        {
+            return Ok(Decision::new(outcome, limit));
+        }
         let args = Args {
             op: Op::Acquire,
             limit,
             x: u64::from(cost),
-            max_wait,
+            max_wait: max_wait_ms,
         };
-        Ok(Decision::new(self.run(key, args).await?, limit))
+        match self.run(key, now, args).await {
+            Ok(reply) => {
+                if let (Some(cache), Some(state), false) =
+                    (&self.deny, reply.state, reply.outcome.allowed)
+                {
+                    cache.remember(key, limit, state, now);
+                }
+                Ok(Decision::new(reply.outcome, limit))
+            }
+            Err(Failure::Fatal(e)) => Err(e),
+            Err(Failure::Outage(e)) => self.acquire_in_outage(e, key, limit, cost, max_wait).await,
+        }
     }
 
     async fn peek(&self, key: &BucketKey, limit: Limit) -> Result<Quota, StoreError> {
@@ -253,18 +607,41 @@ where
             x: 0,
             max_wait: 0,
         };
-        Ok(Quota::new(self.run(key, args).await?, limit))
+        match self.run(key, self.clock.now_ms(), args).await {
+            Ok(reply) => Ok(Quota::new(reply.outcome, limit)),
+            Err(Failure::Fatal(e)) => Err(e),
+            Err(Failure::Outage(e)) => match self.local_limit(limit) {
+                Some(local) => {
+                    let q = self.local.peek(key, local).await?;
+                    Ok(Quota {
+                        capacity: limit.burst(),
+                        ..q
+                    })
+                }
+                None => Err(e),
+            },
+        }
     }
 
     async fn refund(&self, key: &BucketKey, limit: Limit, cost: u32) -> Result<(), StoreError> {
         check_cost(&limit, cost)?;
+        if let Some(cache) = &self.deny {
+            cache.forget(key);
+        }
         let args = Args {
             op: Op::Refund,
             limit,
             x: u64::from(cost),
             max_wait: 0,
         };
-        self.run(key, args).await.map(drop)
+        match self.run(key, self.clock.now_ms(), args).await {
+            Ok(_) => Ok(()),
+            Err(Failure::Fatal(e)) => Err(e),
+            Err(Failure::Outage(e)) => match self.local_limit(limit) {
+                Some(local) if cost <= local.burst() => self.local.refund(key, local, cost).await,
+                _ => Err(e),
+            },
+        }
     }
 
     async fn drain_until(
@@ -273,22 +650,37 @@ where
         limit: Limit,
         until: SystemTime,
     ) -> Result<(), StoreError> {
+        if let Some(cache) = &self.deny {
+            cache.forget(key);
+        }
         let args = Args {
             op: Op::Drain,
             limit,
             x: deadline_ms(until),
             max_wait: 0,
         };
-        self.run(key, args).await.map(drop)
+        match self.run(key, self.clock.now_ms(), args).await {
+            Ok(_) => Ok(()),
+            Err(Failure::Fatal(e)) => Err(e),
+            Err(Failure::Outage(e)) => match self.local_limit(limit) {
+                Some(local) => self.local.drain_until(key, local, until).await,
+                None => Err(e),
+            },
+        }
     }
 }
 
-impl<C: Clone, K: Clone> Clone for RedisStore<C, K> {
+impl<C: Clone, K> Clone for RedisStore<C, K> {
     fn clone(&self) -> Self {
         Self {
             conn: self.conn.clone(),
-            clock: self.clock.clone(),
+            clock: Arc::clone(&self.clock),
             prefix: Arc::clone(&self.prefix),
+            timeout: self.timeout,
+            policy: self.policy,
+            circuit: Arc::clone(&self.circuit),
+            deny: self.deny.clone(),
+            local: self.local.clone(),
         }
     }
 }
@@ -301,6 +693,11 @@ impl<C, K: fmt::Debug> fmt::Debug for RedisStore<C, K> {
             .field("prefix", &self.prefix)
             .field("format", &FORMAT)
             .field("clock", &self.clock)
+            .field("timeout", &self.timeout)
+            .field("policy", &self.policy)
+            .field("breaker", &self.circuit.config())
+            .field("circuit_open", &self.circuit.is_open())
+            .field("deny_cache", &self.deny.is_some())
             .finish_non_exhaustive()
     }
 }

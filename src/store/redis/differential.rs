@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 
 use redis::aio::MultiplexedConnection;
 
-use super::{Args, Op, script};
+use super::{Args, Op, decode, script};
 use crate::Limit;
 use crate::bucket::{self, MAX_TIME, State};
 
@@ -186,7 +186,7 @@ async fn trace(
             .arg(key)
             .cmd("PERSIST")
             .arg(key);
-        type Reply = (Vec<i64>, Option<Vec<u8>>, i64, i64);
+        type Reply = (redis::Value, Option<Vec<u8>>, i64, i64);
         let sent = std::time::Instant::now();
         let (reply, value, pttl, _): Reply = pipe
             .query_async(conn)
@@ -195,7 +195,8 @@ async fn trace(
         // PEXPIRE and PTTL each read Redis's clock; no more time than the whole round trip can
         // pass between them.
         let slack = sent.elapsed().as_millis() as i64 + 1;
-        let got = super::outcome(&reply).map_err(|e| format!("{log}  reply: {e}"))?;
+        let reply = super::parse_reply(&reply).map_err(|e| format!("{log}  reply: {e}"))?;
+        let got = reply.outcome;
         if got != expected {
             return Err(format!(
                 "{log}  outcome: reference {expected:?}, lua {got:?}"
@@ -206,15 +207,25 @@ async fn trace(
             Some(Some(state)) => Some(state),
             Some(None) => return Err(format!("{log}  unparsable state {value:?}")),
         };
-        let same = match (state, stored) {
+        let same = |a: Option<State>, b: Option<State>| match (a, b) {
             (None, None) => true,
             (Some(a), Some(b)) => {
                 a.t.to_bits() == b.t.to_bits() && a.ts.to_bits() == b.ts.to_bits()
             }
             _ => false,
         };
-        if !same {
+        if !same(state, stored) {
             return Err(format!("{log}  state: reference {state:?}, lua {stored:?}"));
+        }
+        // A denial carries the state it denied on (nothing was written, so it is the state now);
+        // nothing else carries one.
+        let denied = matches!(op, Op::Acquire) && !got.allowed;
+        let carried = if denied { state } else { None };
+        if !same(carried, reply.state) {
+            return Err(format!(
+                "{log}  carried state: reference {carried:?}, lua {:?}",
+                reply.state
+            ));
         }
         match write {
             Some(w) if !(w.ttl as i64 - slack..=w.ttl as i64).contains(&pttl) => {
@@ -230,16 +241,6 @@ async fn trace(
         }
     }
     Ok(())
-}
-
-/// The stored value, as the script writes it: `t` then `ts`, each an `f64`, little-endian.
-fn decode(value: &[u8]) -> Option<State> {
-    let (t, ts) = value.split_first_chunk::<8>()?;
-    let ts: &[u8; 8] = ts.try_into().ok()?;
-    Some(State {
-        t: f64::from_le_bytes(*t),
-        ts: f64::from_le_bytes(*ts),
-    })
 }
 
 async fn connect() -> MultiplexedConnection {
@@ -347,8 +348,8 @@ const MUTANTS: &[(&str, &str)] = &[
         "if t > 0 then left = math.floor(t) end\n  return {0,",
     ),
     (
-        "return {0, wait, left, ready_at(t, ts, capacity) - now}",
-        "return {0, wait, left, ready_at(t, ts2, capacity) - now}",
+        "return {0, wait, left, ready_at(t, ts, capacity) - now, stored}",
+        "return {0, wait, left, ready_at(t, ts2, capacity) - now, stored}",
     ),
     // peek
     (
@@ -360,6 +361,10 @@ const MUTANTS: &[(&str, &str)] = &[
     (
         "return {avail >= 1 and 1 or 0, next_in, left, reset}",
         "return {avail > 1 and 1 or 0, next_in, left, reset}",
+    ),
+    (
+        "ready_at(t, ts, capacity) - now, stored}",
+        "ready_at(t, ts, capacity) - now}",
     ),
     // refund and drain
     ("if not (t2 < capacity) then t2 = capacity end", ""),

@@ -1,0 +1,207 @@
+//! The local deny cache: the last state Redis showed for a bucket that denied, so that requests
+//! which that state already denies are answered here, without a round trip.
+//!
+//! Why it may only deny what Redis would deny: the cached state is what the bucket held when the
+//! script denied, and the cache decides with the same reference arithmetic the script mirrors.
+//! Until something raises the bucket in Redis above that state, the bucket in Redis holds at most
+//! what the cached state holds at any later time (admissions by any process only lower it, and
+//! refill is the same arithmetic on both sides), so a request the cached state denies, Redis would
+//! deny too. What can raise it: a refund (this process's refunds drop the entry; another process's
+//! refunds are the documented worst case), and Redis losing the bucket (a restart without
+//! persistence, `FLUSHALL`, a failover that lost the write). In those cases a request may be
+//! denied here that Redis would admit, until the cached state itself would admit it: at most the
+//! `retry_after` that Redis's own denial gave.
+
+use std::hash::BuildHasher;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use hashbrown::{DefaultHashBuilder, HashTable};
+
+use crate::bucket::{self, Outcome, State};
+use crate::{BucketKey, Limit};
+
+/// Entries per shard; a full shard first drops entries whose buckets would admit by now, and
+/// when it is still full, the newest denial is simply not cached.
+const SHARD_CAPACITY: usize = 1024;
+const SHARDS: usize = 16;
+
+struct Entry {
+    key: Box<str>,
+    limit: Limit,
+    state: State,
+}
+
+pub(super) struct DenyCache {
+    shards: Box<[Mutex<HashTable<Entry>>]>,
+    hasher: DefaultHashBuilder,
+}
+
+impl DenyCache {
+    pub(super) fn new() -> Self {
+        Self {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashTable::new())).collect(),
+            hasher: DefaultHashBuilder::default(),
+        }
+    }
+
+    fn shard(&self, key: &str) -> (u64, MutexGuard<'_, HashTable<Entry>>) {
+        let hash = self.hasher.hash_one(key);
+        // Bits 32 and up pick the shard; the table itself uses the low and the top bits.
+        let index = ((hash >> 32) as usize) % SHARDS;
+        let shard = self.shards[index]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        (hash, shard)
+    }
+
+    /// The answer to an acquire when the cached state denies it; `None` when Redis must decide.
+    /// An entry whose state would admit is dropped: Redis decides from then on.
+    pub(super) fn check(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+        now: u64,
+        cost: f64,
+        max_wait: u64,
+    ) -> Option<Outcome> {
+        let id = key.as_str();
+        let (hash, mut shard) = self.shard(id);
+        let Ok(found) = shard.find_entry(hash, |e| &*e.key == id) else {
+            return None;
+        };
+        let entry = found.get();
+        if entry.limit == limit {
+            let (outcome, _) =
+                bucket::evaluate(&limit.params(), Some(entry.state), now, cost, max_wait);
+            if !outcome.allowed {
+                return Some(outcome);
+            }
+        }
+        found.remove();
+        None
+    }
+
+    /// Keeps the state Redis showed with a denial.
+    pub(super) fn remember(&self, key: &BucketKey, limit: Limit, state: State, now: u64) {
+        let id = key.as_str();
+        let (hash, mut shard) = self.shard(id);
+        if let Some(entry) = shard.find_mut(hash, |e| &*e.key == id) {
+            entry.limit = limit;
+            entry.state = state;
+            return;
+        }
+        if shard.len() >= SHARD_CAPACITY {
+            // What would admit a single token now can no longer deny anything.
+            shard.retain(|e| {
+                !bucket::evaluate(&e.limit.params(), Some(e.state), now, 1.0, 0)
+                    .0
+                    .allowed
+            });
+            if shard.len() >= SHARD_CAPACITY {
+                return;
+            }
+        }
+        let entry = Entry {
+            key: id.into(),
+            limit,
+            state,
+        };
+        shard.insert_unique(hash, entry, |e| self.hasher.hash_one(&*e.key));
+    }
+
+    /// Drops what is known of a bucket, after this process changed it other than by spending.
+    pub(super) fn forget(&self, key: &BucketKey) {
+        let id = key.as_str();
+        let (hash, mut shard) = self.shard(id);
+        if let Ok(found) = shard.find_entry(hash, |e| &*e.key == id) {
+            found.remove();
+        }
+    }
+
+    /// Entries held, for tests.
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).len())
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn limit() -> Limit {
+        Limit::new(1, Duration::from_secs(1))
+            .and_then(|l| l.with_burst(2))
+            .expect("a valid limit")
+    }
+
+    #[test]
+    fn denies_exactly_what_the_state_denies_then_lets_redis_decide() {
+        let cache = DenyCache::new();
+        let key = BucketKey::new("b", "k").expect("a valid key");
+        // Empty at t = 10 000: the next token is due at 11 000.
+        cache.remember(
+            &key,
+            limit(),
+            State {
+                t: 0.0,
+                ts: 10_000.0,
+            },
+            10_000,
+        );
+        let denied = cache
+            .check(&key, limit(), 10_500, 1.0, 0)
+            .expect("cached denial");
+        assert!(!denied.allowed);
+        assert_eq!(denied.wait, 500);
+        // A reservation that fits its wait is Redis's to make.
+        assert!(cache.check(&key, limit(), 10_500, 1.0, 500).is_none());
+        assert_eq!(cache.len(), 0, "an entry that would admit is dropped");
+        cache.remember(
+            &key,
+            limit(),
+            State {
+                t: 0.0,
+                ts: 10_000.0,
+            },
+            10_000,
+        );
+        assert!(cache.check(&key, limit(), 11_000, 1.0, 0).is_none());
+    }
+
+    #[test]
+    fn another_limit_or_a_forget_drops_the_entry() {
+        let cache = DenyCache::new();
+        let key = BucketKey::new("b", "k").expect("a valid key");
+        let state = State { t: 0.0, ts: 0.0 };
+        cache.remember(&key, limit(), state, 0);
+        let other = Limit::per_minute(1).expect("a valid limit");
+        assert!(cache.check(&key, other, 1, 1.0, 0).is_none());
+        assert_eq!(cache.len(), 0);
+        cache.remember(&key, limit(), state, 0);
+        cache.forget(&key);
+        assert!(cache.check(&key, limit(), 1, 1.0, 0).is_none());
+    }
+
+    #[test]
+    fn a_full_shard_drops_what_would_admit_and_stays_bounded() {
+        let cache = DenyCache::new();
+        for i in 0..(SHARD_CAPACITY * SHARDS * 2) {
+            let key = BucketKey::new("b", i.to_string()).expect("a valid key");
+            cache.remember(
+                &key,
+                limit(),
+                State {
+                    t: 0.0,
+                    ts: i as f64,
+                },
+                i as u64,
+            );
+        }
+        assert!(cache.len() <= SHARD_CAPACITY * SHARDS);
+    }
+}

@@ -1,0 +1,550 @@
+//! What the Redis store does when Redis fails: the outage policies, the timeout, the circuit
+//! breaker, retrying what Redis did not run, and the local deny cache. Failures are made by a
+//! connection wrapper that a test switches between up, refusing, hanging and `TRYAGAIN`, over a
+//! real Redis; the fault suite with real processes being killed is `faults.rs`.
+#![cfg(feature = "redis")]
+
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use burstgate::{
+    Breaker, BucketKey, BucketStore, Limit, ManualClock, OutagePolicy, RedisStore, StoreError,
+};
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::{Cmd, Pipeline, RedisFuture, Value};
+
+#[path = "support/redis_server.rs"]
+mod redis_server;
+
+const START: u64 = 1_700_000_000_000;
+const ZERO: Duration = Duration::ZERO;
+
+const UP: u8 = 0;
+const REFUSING: u8 = 1;
+const HANGING: u8 = 2;
+const TRY_AGAIN_ONCE: u8 = 3;
+
+/// A real connection that a test can take down. Counts the commands that reach it.
+#[derive(Clone)]
+struct Switch {
+    inner: Option<MultiplexedConnection>,
+    mode: Arc<AtomicU8>,
+    calls: Arc<AtomicUsize>,
+}
+
+impl Switch {
+    async fn new() -> Self {
+        let inner = redis::Client::open(redis_server::url())
+            .expect("a valid Redis URL")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("a connection to the test Redis");
+        Self::over(Some(inner))
+    }
+
+    /// With no Redis behind it: only for modes that never reach one.
+    fn detached() -> Self {
+        Self::over(None)
+    }
+
+    fn over(inner: Option<MultiplexedConnection>) -> Self {
+        Self {
+            inner,
+            mode: Arc::new(AtomicU8::new(UP)),
+            calls: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    fn set(&self, mode: u8) {
+        self.mode.store(mode, Ordering::SeqCst);
+    }
+
+    fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+}
+
+fn error(kind: redis::ErrorKind, what: &'static str) -> redis::RedisError {
+    redis::RedisError::from((kind, what))
+}
+
+impl ConnectionLike for Switch {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let mode = self.mode.load(Ordering::SeqCst);
+        Box::pin(async move {
+            match mode {
+                REFUSING => Err(redis::RedisError::from(std::io::Error::from(
+                    std::io::ErrorKind::ConnectionRefused,
+                ))),
+                HANGING => std::future::pending().await,
+                TRY_AGAIN_ONCE => {
+                    self.mode.store(UP, Ordering::SeqCst);
+                    Err(error(
+                        redis::ErrorKind::Server(redis::ServerErrorKind::TryAgain),
+                        "multiple keys request during rehashing of slot",
+                    ))
+                }
+                _ => match self.inner.as_mut() {
+                    Some(inner) => inner.req_packed_command(cmd).await,
+                    None => Err(error(redis::ErrorKind::Io, "no connection")),
+                },
+            }
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(async move {
+            match self.inner.as_mut() {
+                Some(inner) => inner.req_packed_commands(pipeline, offset, count).await,
+                None => Err(error(redis::ErrorKind::Io, "no connection")),
+            }
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        0
+    }
+}
+
+fn limit(per_second: u32, burst: u32) -> Limit {
+    Limit::per_second(per_second)
+        .and_then(|l| l.with_burst(burst))
+        .expect("a valid limit")
+}
+
+fn key(name: &str) -> BucketKey {
+    BucketKey::new("outage", name).expect("a valid key")
+}
+
+fn store(conn: Switch, clock: &ManualClock) -> RedisStore<Switch, ManualClock> {
+    RedisStore::new(conn)
+        .with_prefix(&redis_server::unique_prefix())
+        .expect("a valid prefix")
+        .with_clock(clock.clone())
+}
+
+#[tokio::test]
+async fn fail_closed_errs_then_answers_at_once_while_the_circuit_is_open() {
+    let clock = ManualClock::new(START);
+    let conn = Switch::detached();
+    conn.set(REFUSING);
+    let store = store(conn.clone(), &clock);
+    let k = key("closed");
+    for _ in 0..3 {
+        let e = store.acquire(&k, limit(1, 5), 1, ZERO).await.unwrap_err();
+        assert!(matches!(e, StoreError::Backend(_)), "{e:?}");
+    }
+    assert!(store.is_circuit_open());
+    // A refused connection is known not to have run the script, so each call was tried twice.
+    assert_eq!(conn.calls(), 6);
+    for _ in 0..100 {
+        let e = store.acquire(&k, limit(1, 5), 1, ZERO).await.unwrap_err();
+        assert!(
+            matches!(e, StoreError::Unavailable { retry_in } if retry_in == Duration::from_millis(500)),
+            "{e:?}"
+        );
+    }
+    assert_eq!(conn.calls(), 6, "an open circuit does not try Redis");
+    // So do the other operations.
+    assert!(matches!(
+        store.peek(&k, limit(1, 5)).await,
+        Err(StoreError::Unavailable { .. })
+    ));
+    assert!(matches!(
+        store.refund(&k, limit(1, 5), 1).await,
+        Err(StoreError::Unavailable { .. })
+    ));
+}
+
+#[tokio::test]
+async fn the_circuit_probes_after_open_for_and_closes_when_redis_answers() {
+    let clock = ManualClock::new(START);
+    let conn = Switch::new().await;
+    let store = store(conn.clone(), &clock).with_breaker(Breaker::new(2, Duration::from_secs(1)));
+    let k = key("probe");
+    let l = limit(1, 5);
+    assert!(
+        store
+            .acquire(&k, l, 1, ZERO)
+            .await
+            .expect("up")
+            .is_admitted()
+    );
+
+    conn.set(REFUSING);
+    for _ in 0..2 {
+        assert!(store.acquire(&k, l, 1, ZERO).await.is_err());
+    }
+    assert!(store.is_circuit_open());
+
+    // Redis is back, but the circuit stays open for its second...
+    conn.set(UP);
+    clock.advance(Duration::from_millis(999));
+    let e = store.acquire(&k, l, 1, ZERO).await.unwrap_err();
+    assert!(
+        matches!(e, StoreError::Unavailable { retry_in } if retry_in == Duration::from_millis(1))
+    );
+    // ...then one call probes, Redis answers, and the circuit closes.
+    clock.advance(Duration::from_millis(1));
+    let d = store
+        .acquire(&k, l, 1, ZERO)
+        .await
+        .expect("the probe reaches Redis");
+    assert!(d.is_admitted());
+    assert!(!store.is_circuit_open());
+    // The bucket in Redis kept what was spent before the outage: 5, minus 1, plus 1 refilled,
+    // minus this one.
+    assert_eq!(d.remaining(), 4);
+}
+
+#[tokio::test]
+async fn a_failed_probe_keeps_the_circuit_open_for_another_period() {
+    let clock = ManualClock::new(START);
+    let conn = Switch::detached();
+    conn.set(REFUSING);
+    let store =
+        store(conn.clone(), &clock).with_breaker(Breaker::new(1, Duration::from_millis(100)));
+    let k = key("reopen");
+    assert!(matches!(
+        store.acquire(&k, limit(1, 5), 1, ZERO).await,
+        Err(StoreError::Backend(_))
+    ));
+    clock.advance(Duration::from_millis(100));
+    assert!(matches!(
+        store.acquire(&k, limit(1, 5), 1, ZERO).await,
+        Err(StoreError::Backend(_))
+    ));
+    let e = store.acquire(&k, limit(1, 5), 1, ZERO).await.unwrap_err();
+    assert!(
+        matches!(e, StoreError::Unavailable { retry_in } if retry_in == Duration::from_millis(100))
+    );
+}
+
+#[tokio::test]
+async fn fail_open_admits_acquires_and_still_reports_the_rest() {
+    let clock = ManualClock::new(START);
+    let conn = Switch::detached();
+    conn.set(REFUSING);
+    let store = store(conn, &clock).on_outage(OutagePolicy::FailOpen);
+    let k = key("open");
+    let l = limit(1, 2);
+    for _ in 0..50 {
+        let d = store.acquire(&k, l, 1, ZERO).await.expect("fails open");
+        assert!(d.is_admitted());
+        assert_eq!(d.wait(), ZERO);
+        assert_eq!(d.remaining(), 0, "nothing is known to remain");
+        assert_eq!(d.limit(), l);
+    }
+    assert!(store.peek(&k, l).await.is_err());
+    assert!(store.refund(&k, l, 1).await.is_err());
+    let until = std::time::SystemTime::UNIX_EPOCH + Duration::from_millis(START + 1_000);
+    assert!(store.drain_until(&k, l, until).await.is_err());
+    // Bad costs are mistakes, not outages.
+    assert!(matches!(
+        store.acquire(&k, l, 3, ZERO).await,
+        Err(StoreError::CostAboveCapacity { .. })
+    ));
+}
+
+#[tokio::test]
+async fn local_fallback_gives_each_process_its_share_and_no_more() {
+    let clock = ManualClock::new(START);
+    let l = limit(10, 10);
+    let processes = NonZeroU32::new(2).expect("non-zero");
+    // Two processes that share one budget, both cut off from Redis.
+    let stores: Vec<_> = (0..2)
+        .map(|_| {
+            let conn = Switch::detached();
+            conn.set(REFUSING);
+            store(conn, &clock).on_outage(OutagePolicy::Local { processes })
+        })
+        .collect();
+    let k = key("local");
+    let mut admitted = 0;
+    for store in &stores {
+        for _ in 0..20 {
+            admitted += usize::from(
+                store
+                    .acquire(&k, l, 1, ZERO)
+                    .await
+                    .expect("local")
+                    .is_admitted(),
+            );
+        }
+    }
+    assert_eq!(admitted, 10, "each process holds half the burst");
+    let d = stores[0].acquire(&k, l, 1, ZERO).await.expect("local");
+    // Half the rate: a token every 200 ms instead of every 100 ms.
+    assert_eq!(d.retry_after(), Some(Duration::from_millis(200)));
+    assert_eq!(d.limit(), l, "reported under the caller's limit");
+    clock.advance(Duration::from_secs(1));
+    let mut admitted = 0;
+    for store in &stores {
+        for _ in 0..20 {
+            admitted += usize::from(
+                store
+                    .acquire(&k, l, 1, ZERO)
+                    .await
+                    .expect("local")
+                    .is_admitted(),
+            );
+        }
+    }
+    assert_eq!(admitted, 10, "one second at half the rate each: 5 + 5");
+    // A cost above the share is refused as under fail closed.
+    assert!(matches!(
+        stores[0].acquire(&k, l, 6, ZERO).await,
+        Err(StoreError::Unavailable { .. } | StoreError::Backend(_))
+    ));
+    // Refunds and peeks go to the local bucket too.
+    stores[0].refund(&k, l, 1).await.expect("local refund");
+    let q = stores[0].peek(&k, l).await.expect("local peek");
+    assert_eq!((q.remaining(), q.capacity()), (1, 10));
+}
+
+#[tokio::test]
+async fn a_share_below_one_token_fails_closed() {
+    let clock = ManualClock::new(START);
+    let conn = Switch::detached();
+    conn.set(REFUSING);
+    let processes = NonZeroU32::new(20).expect("non-zero");
+    let store = store(conn, &clock).on_outage(OutagePolicy::Local { processes });
+    let e = store
+        .acquire(&key("tiny"), limit(10, 10), 1, ZERO)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, StoreError::Backend(_)), "{e:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_that_hangs_times_out_and_counts_as_a_failure() {
+    let clock = ManualClock::new(START);
+    let conn = Switch::detached();
+    conn.set(HANGING);
+    let store = store(conn.clone(), &clock).with_timeout(Duration::from_millis(50));
+    let k = key("hang");
+    let started = tokio::time::Instant::now();
+    for _ in 0..3 {
+        let e = store.acquire(&k, limit(1, 5), 1, ZERO).await.unwrap_err();
+        assert!(
+            matches!(e, StoreError::Timeout { after } if after == Duration::from_millis(50)),
+            "{e:?}"
+        );
+    }
+    assert_eq!(started.elapsed(), Duration::from_millis(150));
+    assert!(store.is_circuit_open());
+    // A timeout may have run the script: it is not retried.
+    assert_eq!(conn.calls(), 3);
+    let e = store.acquire(&k, limit(1, 5), 1, ZERO).await.unwrap_err();
+    assert!(matches!(e, StoreError::Unavailable { .. }));
+    assert_eq!(
+        started.elapsed(),
+        Duration::from_millis(150),
+        "answered at once"
+    );
+}
+
+#[tokio::test]
+async fn an_error_for_a_command_redis_did_not_run_is_retried_once() {
+    let clock = ManualClock::new(START);
+    let conn = Switch::new().await;
+    let store = store(conn.clone(), &clock);
+    let k = key("tryagain");
+    conn.set(TRY_AGAIN_ONCE);
+    let d = store
+        .acquire(&k, limit(1, 5), 1, ZERO)
+        .await
+        .expect("the retry succeeds");
+    assert!(d.is_admitted());
+    assert_eq!(d.remaining(), 4, "the token was spent once");
+    assert_eq!(conn.calls(), 2);
+    assert!(!store.is_circuit_open());
+}
+
+#[tokio::test]
+async fn a_key_of_the_wrong_type_is_an_error_but_not_an_outage() {
+    let clock = ManualClock::new(START);
+    let conn = Switch::new().await;
+    let store = store(conn.clone(), &clock).on_outage(OutagePolicy::FailOpen);
+    let k = key("wrong");
+    let mut c = redis::Client::open(redis_server::url())
+        .expect("a valid Redis URL")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("a connection");
+    let _: () = redis::cmd("SET")
+        .arg(store.redis_key(&k))
+        .arg("not a bucket")
+        .query_async(&mut c)
+        .await
+        .expect("SET");
+    for _ in 0..10 {
+        let e = store.acquire(&k, limit(1, 5), 1, ZERO).await.unwrap_err();
+        assert!(
+            matches!(&e, StoreError::WrongType { key } if *key == store.redis_key(&k)),
+            "{e:?}"
+        );
+    }
+    assert!(!store.is_circuit_open(), "Redis answered every time");
+}
+
+/// `n` plain decisions on one key at one instant, with the commands that reached Redis.
+async fn flood(
+    store: &RedisStore<Switch, ManualClock>,
+    conn: &Switch,
+    k: &BucketKey,
+    l: Limit,
+    n: usize,
+) -> (usize, usize, Vec<Option<Duration>>) {
+    let before = conn.calls();
+    let mut admitted = 0;
+    let mut retry_afters = Vec::new();
+    for _ in 0..n {
+        let d = store.acquire(k, l, 1, ZERO).await.expect("decides");
+        admitted += usize::from(d.is_admitted());
+        retry_afters.push(d.retry_after());
+    }
+    (admitted, conn.calls() - before, retry_afters)
+}
+
+#[tokio::test]
+async fn the_deny_cache_answers_a_flood_locally_with_the_same_decisions() {
+    let clock = ManualClock::new(START);
+    let l = limit(1, 5);
+    let k = key("flood");
+    let cached_conn = Switch::new().await;
+    let plain_conn = Switch::new().await;
+    let cached = store(cached_conn.clone(), &clock);
+    let plain = store(plain_conn.clone(), &clock).with_deny_cache(false);
+    for step in 0..3 {
+        let (a, calls_a, waits_a) = flood(&cached, &cached_conn, &k, l, 500).await;
+        let (b, calls_b, waits_b) = flood(&plain, &plain_conn, &k, l, 500).await;
+        assert_eq!(a, b, "step {step}: the same admissions");
+        assert_eq!(
+            waits_a, waits_b,
+            "step {step}: the same retry_after on every denial"
+        );
+        assert_eq!(calls_b, 500);
+        // The admissions, and the one denial that filled the cache.
+        assert_eq!(calls_a, a + 1, "step {step}");
+        clock.advance(Duration::from_millis(1_500));
+    }
+}
+
+#[tokio::test]
+async fn a_refund_through_the_store_drops_the_cached_denial() {
+    let clock = ManualClock::new(START);
+    let conn = Switch::new().await;
+    let s = store(conn.clone(), &clock);
+    let k = key("refund");
+    let l = limit(1, 2);
+    for _ in 0..2 {
+        assert!(
+            s.acquire(&k, l, 1, ZERO)
+                .await
+                .expect("decides")
+                .is_admitted()
+        );
+    }
+    assert!(
+        !s.acquire(&k, l, 1, ZERO)
+            .await
+            .expect("decides")
+            .is_admitted()
+    );
+    s.refund(&k, l, 1).await.expect("refund");
+    assert!(
+        s.acquire(&k, l, 1, ZERO)
+            .await
+            .expect("decides")
+            .is_admitted()
+    );
+}
+
+#[tokio::test]
+async fn another_processs_refund_is_seen_no_later_than_the_cached_retry_after() {
+    let clock = ManualClock::new(START);
+    let prefix = redis_server::unique_prefix();
+    // Two stores on the same buckets: two processes.
+    let open = |conn| {
+        RedisStore::new(conn)
+            .with_prefix(&prefix)
+            .expect("a valid prefix")
+            .with_clock(clock.clone())
+    };
+    let a = open(Switch::new().await);
+    let b = open(Switch::new().await);
+    let k = key("elsewhere");
+    let l = limit(1, 2);
+    for _ in 0..2 {
+        assert!(
+            a.acquire(&k, l, 1, ZERO)
+                .await
+                .expect("decides")
+                .is_admitted()
+        );
+    }
+    let denied = a.acquire(&k, l, 1, ZERO).await.expect("decides");
+    assert_eq!(denied.retry_after(), Some(Duration::from_secs(1)));
+    b.refund(&k, l, 1).await.expect("refund elsewhere");
+    // The documented worst case: Redis would admit now, the cache still denies...
+    assert!(b.peek(&k, l).await.expect("peek").remaining() == 1);
+    let d = a.acquire(&k, l, 1, ZERO).await.expect("decides");
+    assert!(!d.is_admitted());
+    // ...but only until the retry_after it gave.
+    clock.advance(Duration::from_secs(1));
+    let d = a.acquire(&k, l, 1, ZERO).await.expect("decides");
+    assert!(d.is_admitted());
+    assert_eq!(
+        d.remaining(),
+        1,
+        "the refunded token and the refilled one, minus this"
+    );
+}
+
+#[tokio::test]
+async fn after_script_flush_the_script_runs_as_eval_without_script_load() {
+    let clock = ManualClock::new(START);
+    let conn = Switch::new().await;
+    let s = store(conn.clone(), &clock);
+    let k = key("flush");
+    assert!(
+        s.acquire(&k, limit(1, 5), 1, ZERO)
+            .await
+            .expect("decides")
+            .is_admitted()
+    );
+    let mut c = redis::Client::open(redis_server::url())
+        .expect("a valid Redis URL")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("a connection");
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut c)
+        .await
+        .expect("SCRIPT FLUSH");
+    let before = conn.calls();
+    let d = s
+        .acquire(&k, limit(1, 5), 1, ZERO)
+        .await
+        .expect("decides after the flush");
+    assert_eq!(d.remaining(), 3);
+    // EVALSHA (NOSCRIPT), then EVAL.
+    assert_eq!(conn.calls() - before, 2);
+    let before = conn.calls();
+    s.acquire(&k, limit(1, 5), 1, ZERO).await.expect("decides");
+    assert_eq!(
+        conn.calls() - before,
+        1,
+        "EVAL loaded it: EVALSHA works again"
+    );
+}
