@@ -1,5 +1,6 @@
 //! One conformance suite, written once, run against every `BucketStore`: `MemoryStore`,
-//! `RedisStore` on a real Redis, and both behind `Arc<dyn DynBucketStore>`.
+//! `RedisStore` on a real Redis and on a real three-primary Redis Cluster, and both behind
+//! `Arc<dyn DynBucketStore>`.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -12,6 +13,10 @@ use burstgate::{
 #[cfg(feature = "redis")]
 #[path = "support/redis_server.rs"]
 mod redis_server;
+
+#[cfg(feature = "redis")]
+#[path = "support/redis_cluster.rs"]
+mod redis_cluster;
 
 const START: u64 = 1_700_000_000_000;
 const ZERO: Duration = Duration::ZERO;
@@ -310,6 +315,19 @@ async fn redis(
         .with_clock(clock)
 }
 
+/// A store on the cluster of this test binary, through redis-rs's cluster connection, so every
+/// key goes to the primary that owns its slot.
+#[cfg(feature = "redis")]
+async fn cluster(
+    clock: ManualClock,
+) -> burstgate::RedisStore<redis::cluster_async::ClusterConnection, ManualClock> {
+    let conn = redis_cluster::shared().connection().await;
+    burstgate::RedisStore::new(conn)
+        .with_prefix(&redis_server::unique_prefix())
+        .expect("a valid prefix")
+        .with_clock(clock)
+}
+
 async fn dyn_memory(clock: ManualClock) -> Arc<dyn DynBucketStore> {
     Arc::new(memory(clock).await)
 }
@@ -375,6 +393,8 @@ macro_rules! suite {
 suite!(memory_store, memory);
 #[cfg(feature = "redis")]
 suite!(redis_store, redis);
+#[cfg(feature = "redis")]
+suite!(redis_cluster_store, cluster);
 suite!(dyn_memory_store, dyn_memory);
 #[cfg(feature = "redis")]
 suite!(dyn_redis_store, dyn_redis);
