@@ -557,3 +557,75 @@ async fn after_script_flush_the_script_runs_as_eval_without_script_load() {
     );
     redis_server::kill(server);
 }
+
+/// Records the message and level of every event.
+#[derive(Clone, Default)]
+struct Events(Arc<std::sync::Mutex<Vec<(tracing::Level, String)>>>);
+
+struct Message<'a>(&'a mut String);
+
+impl tracing::field::Visit for Message<'_> {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            *self.0 = format!("{value:?}");
+        }
+    }
+}
+
+impl tracing::Subscriber for Events {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        if event.metadata().target() != "burstgate::redis" {
+            return;
+        }
+        let mut message = String::new();
+        event.record(&mut Message(&mut message));
+        if let Ok(mut events) = self.0.lock() {
+            events.push((*event.metadata().level(), message));
+        }
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn every_change_of_the_circuit_is_a_tracing_event() {
+    let events = Events::default();
+    let _guard = tracing::dispatcher::set_default(&tracing::Dispatch::new(events.clone()));
+    let clock = ManualClock::new(START);
+    let conn = Switch::new().await;
+    let store = store(conn.clone(), &clock).with_breaker(Breaker::new(1, Duration::from_secs(1)));
+    let k = key("events");
+    let l = limit(1, 5);
+    conn.set(REFUSING);
+    assert!(store.acquire(&k, l, 1, ZERO).await.is_err());
+    clock.advance(Duration::from_secs(1));
+    assert!(
+        store.acquire(&k, l, 1, ZERO).await.is_err(),
+        "the probe fails"
+    );
+    conn.set(UP);
+    clock.advance(Duration::from_secs(1));
+    assert!(
+        store.acquire(&k, l, 1, ZERO).await.is_ok(),
+        "the probe succeeds"
+    );
+    let seen = events.0.lock().expect("not poisoned").clone();
+    let expected = [
+        (tracing::Level::WARN, "redis failing: circuit opened"),
+        (
+            tracing::Level::WARN,
+            "redis still failing: circuit stays open",
+        ),
+        (tracing::Level::INFO, "redis answered again: circuit closed"),
+    ];
+    let seen: Vec<(tracing::Level, &str)> = seen.iter().map(|(l, m)| (*l, m.as_str())).collect();
+    assert_eq!(seen, expected);
+}
