@@ -52,15 +52,22 @@ impl Text {
         }
     }
 
+    #[inline]
     pub(crate) fn push(&mut self, bytes: &[u8]) {
-        if self.spilled.is_empty() {
-            let end = self.len + bytes.len();
-            if let Some(room) = self.inline.get_mut(self.len..end) {
+        let end = self.len + bytes.len();
+        match self.inline.get_mut(self.len..end) {
+            Some(room) if self.spilled.is_empty() => {
                 room.copy_from_slice(bytes);
                 self.len = end;
-                return;
             }
-            self.spilled.reserve(2 * end);
+            _ => self.spill(bytes),
+        }
+    }
+
+    #[cold]
+    fn spill(&mut self, bytes: &[u8]) {
+        if self.spilled.is_empty() {
+            self.spilled.reserve(2 * (self.len + bytes.len()));
             self.spilled.extend_from_slice(&self.inline[..self.len]);
         }
         self.spilled.extend_from_slice(bytes);
@@ -89,17 +96,30 @@ impl Text {
     }
 }
 
-/// The decimal digits of `n`, written at the end of `buf`.
+/// The decimal digits of `n`, written at the end of `buf`, two at a time: token counts near
+/// `u32::MAX` are ten digits, and this runs for every response.
 fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
+    const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
+        2021222324252627282930313233343536373839\
+        4041424344454647484950515253545556575859\
+        6061626364656667686970717273747576777879\
+        8081828384858687888990919293949596979899";
     let mut at = buf.len();
-    loop {
-        at -= 1;
-        buf[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            return &buf[at..];
-        }
+    while n >= 100 {
+        let pair = (n % 100) as usize * 2;
+        n /= 100;
+        at -= 2;
+        buf[at..at + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
     }
+    if n >= 10 {
+        let pair = n as usize * 2;
+        at -= 2;
+        buf[at..at + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+    } else {
+        at -= 1;
+        buf[at] = b'0' + n as u8;
+    }
+    &buf[at..]
 }
 
 /// One rule's item of `RateLimit-Policy`, `"<name>";q=<capacity>;w=<seconds to refill from
@@ -286,6 +306,9 @@ mod tests {
         text.push(b"!");
         assert_eq!(text.as_bytes(), format!("{written}{long}!").as_bytes());
         assert!(Text::new().header_value().is_none());
+        for n in (0..=100_000).chain([u64::from(u32::MAX) - 1, u64::MAX - 1]) {
+            assert_eq!(decimal(n, &mut [0; 20]), n.to_string().as_bytes());
+        }
     }
 
     #[test]

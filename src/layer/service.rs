@@ -126,7 +126,8 @@ pub(crate) enum Verdict<St: BucketStore + Clone, R> {
     /// Go, after `wait`. The guard gives the tokens back if the request is dropped before then.
     Admit {
         wait: Duration,
-        guard: RefundGuard<St>,
+        /// `None` when no tokens need guarding: the request goes at once.
+        guard: Option<RefundGuard<St>>,
         /// `RateLimit-Policy` and `RateLimit` for the response.
         ratelimit: Option<(http::HeaderValue, http::HeaderValue)>,
     },
@@ -143,9 +144,12 @@ pub(crate) async fn decide<St: BucketStore + Clone, B: From<String>>(
     config: Arc<Config<St>>,
     plan: Few<Planned>,
 ) -> Verdict<St, Response<B>> {
-    let mut guard = RefundGuard::new(config.store.clone());
+    // Made on the first tokens it must hold, so that a request that goes at once on one rule
+    // never clones the store for it.
+    let mut guard: Option<RefundGuard<St>> = None;
     let mut decisions: Few<(usize, Decision, u32)> = Few::default();
     let mut wait = Duration::ZERO;
+    let mut refused = None;
     let count = plan.len();
     for (n, p) in plan.into_iter().enumerate() {
         let rule = &config.rules[p.rule];
@@ -168,45 +172,39 @@ pub(crate) async fn decide<St: BucketStore + Clone, B: From<String>>(
                 // at once are spent before anything else runs, so they need no guard (and the
                 // guard no allocation).
                 if n + 1 < count || !wait.is_zero() {
-                    guard.push(p.key, rule.limit, p.cost);
+                    guard
+                        .get_or_insert_with(|| RefundGuard::new(config.store.clone()))
+                        .push(p.key, rule.limit, p.cost);
                 }
                 decisions.push((p.rule, d, p.cost));
             }
             Ok(d) => {
-                let retry = d.retry_after().unwrap_or(Duration::ZERO);
                 tracing::debug!(
                     bucket = rule.bucket(),
                     key = %p.key.fingerprint(),
                     remaining = d.remaining(),
-                    retry_ms = retry.as_millis() as u64,
+                    retry_ms = d.wait().as_millis() as u64,
                     "rate limited"
                 );
-                guard.refund_all().await;
-                let applied = decisions.as_slice();
-                let policy = config.policy(
-                    applied.iter().map(|(i, _, _)| *i).chain([p.rule]),
-                    applied.len() + 1,
-                );
-                let denied = Item {
-                    name: rule.bucket(),
-                    remaining: d.remaining(),
-                    next: retry,
-                };
-                let items = applied
-                    .iter()
-                    .map(|(i, d, cost)| Item::refunded(config.rules[*i].bucket(), d, *cost))
-                    .chain([denied]);
-                let ratelimit = response::ratelimit(items);
-                let limited = || RateLimited::new(retry, rule.limit, rule.bucket(), d.remaining());
-                return Verdict::Reject(
-                    config.rejection.respond(retry, limited, policy, ratelimit),
-                );
+                refused = Some((p.rule, Ok(d)));
+                break;
             }
             Err(e) => {
-                guard.refund_all().await;
-                return Verdict::Failed(failure(rule.bucket(), &e));
+                refused = Some((p.rule, Err(e)));
+                break;
             }
         }
+    }
+    // One refund point after the loop, rather than one in each arm, keeps this future (boxed
+    // once per request) small.
+    if let Some((rule, outcome)) = refused {
+        if let Some(guard) = &mut guard {
+            guard.refund_all().await;
+        }
+        return match outcome {
+            Ok(d) => Verdict::Reject(reject(&config, decisions.as_slice(), rule, &d)),
+            Err(e) => Verdict::Failed(failure(config.rules[rule].bucket(), &e)),
+        };
     }
     let ratelimit = if config.headers_on_success {
         let applied = decisions.as_slice();
@@ -225,6 +223,34 @@ pub(crate) async fn decide<St: BucketStore + Clone, B: From<String>>(
         guard,
         ratelimit,
     }
+}
+
+/// The rejection when rule number `rule` refused with `d`, after the rules in `applied` took
+/// their tokens and gave them back.
+fn reject<St, B: From<String>>(
+    config: &Config<St>,
+    applied: &[(usize, Decision, u32)],
+    rule: usize,
+    d: &Decision,
+) -> Response<B> {
+    let retry = d.retry_after().unwrap_or(Duration::ZERO);
+    let refusing = &config.rules[rule];
+    let policy = config.policy(
+        applied.iter().map(|(i, _, _)| *i).chain([rule]),
+        applied.len() + 1,
+    );
+    let denied = Item {
+        name: refusing.bucket(),
+        remaining: d.remaining(),
+        next: retry,
+    };
+    let items = applied
+        .iter()
+        .map(|(i, d, cost)| Item::refunded(config.rules[*i].bucket(), d, *cost))
+        .chain([denied]);
+    let ratelimit = response::ratelimit(items);
+    let limited = || RateLimited::new(retry, refusing.limit, refusing.bucket(), d.remaining());
+    config.rejection.respond(retry, limited, policy, ratelimit)
 }
 
 fn failure<B: From<String>>(bucket: &str, e: &StoreError) -> Response<B> {
