@@ -59,16 +59,12 @@ where
 
 /// A list kept inline while it holds one item. Most requests meet one rule or two, and a `Vec`
 /// for the single one would be an allocation per request.
+#[derive(Default)]
 pub(crate) enum Few<T> {
+    #[default]
     Empty,
     One(T),
     Many(Vec<T>),
-}
-
-impl<T> Default for Few<T> {
-    fn default() -> Self {
-        Self::Empty
-    }
 }
 
 impl<T> Few<T> {
