@@ -39,13 +39,10 @@ pin_project! {
             inner: Option<S>,
             req: Option<Request<ReqBody>>,
         },
+        // Boxed: only requests that reserved tokens wait, and a timer and a request held inline
+        // would make every request's future larger to move around.
         Waiting {
-            #[pin]
-            sleep: tokio::time::Sleep,
-            guard: Option<RefundGuard<St>>,
-            inner: Option<S>,
-            req: Option<Request<ReqBody>>,
-            ratelimit: Option<(HeaderValue, HeaderValue)>,
+            parked: Pin<Box<Parked<S, ReqBody, St>>>,
         },
         Calling {
             #[pin]
@@ -53,6 +50,22 @@ pin_project! {
             ratelimit: Option<(HeaderValue, HeaderValue)>,
         },
         Done,
+    }
+}
+
+pin_project! {
+    /// A request that reserved tokens, until they have refilled.
+    struct Parked<S, ReqBody, St>
+    where
+        St: BucketStore,
+        St: Clone,
+    {
+        #[pin]
+        sleep: tokio::time::Sleep,
+        guard: Option<RefundGuard<St>>,
+        inner: Option<S>,
+        req: Option<Request<ReqBody>>,
+        ratelimit: Option<(HeaderValue, HeaderValue)>,
     }
 }
 
@@ -117,7 +130,9 @@ where
                             guard,
                             ratelimit,
                         } if wait.is_zero() => {
-                            guard.disarm();
+                            if let Some(guard) = guard {
+                                guard.disarm();
+                            }
                             let fut = inner.call(req);
                             this.state.set(State::Calling { fut, ratelimit });
                         }
@@ -126,13 +141,14 @@ where
                             guard,
                             ratelimit,
                         } => {
-                            this.state.set(State::Waiting {
+                            let parked = Box::pin(Parked {
                                 sleep: tokio::time::sleep(wait),
-                                guard: Some(guard),
+                                guard,
                                 inner: Some(inner),
                                 req: Some(req),
                                 ratelimit,
                             });
+                            this.state.set(State::Waiting { parked });
                         }
                         Verdict::Reject(res) | Verdict::Failed(res) => {
                             this.state.set(State::Done);
@@ -140,21 +156,17 @@ where
                         }
                     }
                 }
-                StateProj::Waiting {
-                    sleep,
-                    guard,
-                    inner,
-                    req,
-                    ratelimit,
-                } => {
-                    ready!(sleep.poll(cx));
-                    if let Some(guard) = guard.take() {
+                StateProj::Waiting { parked } => {
+                    let parked = parked.as_mut().project();
+                    ready!(parked.sleep.poll(cx));
+                    if let Some(guard) = parked.guard.take() {
                         guard.disarm();
                     }
-                    let (Some(mut inner), Some(req)) = (inner.take(), req.take()) else {
+                    let (Some(mut inner), Some(req)) = (parked.inner.take(), parked.req.take())
+                    else {
                         panic!("{POLLED_AFTER_DONE}");
                     };
-                    let ratelimit = ratelimit.take();
+                    let ratelimit = parked.ratelimit.take();
                     let fut = inner.call(req);
                     this.state.set(State::Calling { fut, ratelimit });
                 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 use http::{HeaderName, HeaderValue, StatusCode};
 use tower_layer::Layer;
 
-use super::response::Rejection;
+use super::response::{self, Rejection};
 use super::{RateLimit, Rule};
 use crate::{BucketStore, RateLimited};
 
@@ -19,6 +19,8 @@ pub struct RateLimitLayer<St> {
 pub(crate) struct Config<St> {
     pub(crate) store: St,
     pub(crate) rules: Vec<Rule>,
+    /// `RateLimit-Policy` when every rule applies, the usual case, built once.
+    pub(crate) policy_all: Option<HeaderValue>,
     pub(crate) max_wait: Duration,
     pub(crate) headers_on_success: bool,
     pub(crate) rejection: Rejection,
@@ -29,6 +31,7 @@ impl<St: Clone> Clone for Config<St> {
         Self {
             store: self.store.clone(),
             rules: self.rules.clone(),
+            policy_all: self.policy_all.clone(),
             max_wait: self.max_wait,
             headers_on_success: self.headers_on_success,
             rejection: self.rejection.clone(),
@@ -46,6 +49,7 @@ impl<St: BucketStore + Clone> RateLimitLayer<St> {
             config: Arc::new(Config {
                 store,
                 rules: Vec::new(),
+                policy_all: None,
                 max_wait: Duration::ZERO,
                 headers_on_success: true,
                 rejection: Rejection::default(),
@@ -57,7 +61,9 @@ impl<St: BucketStore + Clone> RateLimitLayer<St> {
     /// they were added.
     #[must_use]
     pub fn rule(mut self, rule: Rule) -> Self {
-        Arc::make_mut(&mut self.config).rules.push(rule);
+        let config = Arc::make_mut(&mut self.config);
+        config.rules.push(rule);
+        config.policy_all = response::policy(config.rules.iter().map(|r| &r.policy));
         self
     }
 
@@ -104,6 +110,20 @@ impl<St: BucketStore + Clone> RateLimitLayer<St> {
     ) -> Self {
         Arc::make_mut(&mut self.config).rejection.body = Some(Arc::new(body));
         self
+    }
+}
+
+impl<St> Config<St> {
+    /// `RateLimit-Policy` for the `count` rules numbered `applied` (in order, each once).
+    pub(crate) fn policy(
+        &self,
+        applied: impl Iterator<Item = usize>,
+        count: usize,
+    ) -> Option<HeaderValue> {
+        if count == self.rules.len() {
+            return self.policy_all.clone();
+        }
+        response::policy(applied.map(|i| &self.rules[i].policy))
     }
 }
 

@@ -1,6 +1,5 @@
 //! The HTTP face of a decision: `Retry-After`, `RateLimit-Policy`, `RateLimit`, 429 and 503.
 
-use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,17 +31,125 @@ fn next_token(decision: &Decision) -> Duration {
     Duration::from_millis(u64::try_from(ms).unwrap_or(u64::MAX))
 }
 
-/// `"<name>";q=<capacity>;w=<seconds to refill from empty>` for each rule that applied.
-pub(crate) fn policy<'a>(rules: impl Iterator<Item = (&'a str, Limit)>) -> Option<HeaderValue> {
-    let mut out = String::new();
-    for (name, limit) in rules {
-        if !out.is_empty() {
-            out.push_str(", ");
+/// Header text written on the stack, so that building a header value costs one allocation (the
+/// value's own copy) and none of `format!`'s machinery: these are written on every request.
+pub(crate) struct Text {
+    inline: [u8; INLINE],
+    len: usize,
+    /// Everything written, once it no longer fits `inline` (several long rule names).
+    spilled: Vec<u8>,
+}
+
+/// Room for two items of the longest rule names, more than one request usually needs.
+const INLINE: usize = 256;
+
+impl Text {
+    pub(crate) fn new() -> Self {
+        Self {
+            inline: [0; INLINE],
+            len: 0,
+            spilled: Vec::new(),
         }
-        let w = ceil_secs(limit.refill_time()).max(1);
-        let _ = write!(out, "\"{name}\";q={};w={w}", limit.burst());
     }
-    HeaderValue::from_str(&out).ok().filter(|_| !out.is_empty())
+
+    #[inline]
+    pub(crate) fn push(&mut self, bytes: &[u8]) {
+        let end = self.len + bytes.len();
+        match self.inline.get_mut(self.len..end) {
+            Some(room) if self.spilled.is_empty() => {
+                room.copy_from_slice(bytes);
+                self.len = end;
+            }
+            _ => self.spill(bytes),
+        }
+    }
+
+    #[cold]
+    fn spill(&mut self, bytes: &[u8]) {
+        if self.spilled.is_empty() {
+            self.spilled.reserve(2 * (self.len + bytes.len()));
+            self.spilled.extend_from_slice(&self.inline[..self.len]);
+        }
+        self.spilled.extend_from_slice(bytes);
+    }
+
+    /// `n` in decimal.
+    pub(crate) fn push_u64(&mut self, n: u64) {
+        self.push(decimal(n, &mut [0; 20]));
+    }
+
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        if self.spilled.is_empty() {
+            &self.inline[..self.len]
+        } else {
+            &self.spilled
+        }
+    }
+
+    /// The text as a header value; `None` when nothing was written.
+    pub(crate) fn header_value(&self) -> Option<HeaderValue> {
+        let bytes = self.as_bytes();
+        if bytes.is_empty() {
+            return None;
+        }
+        HeaderValue::from_bytes(bytes).ok()
+    }
+}
+
+/// The decimal digits of `n`, written at the end of `buf`, two at a time: token counts near
+/// `u32::MAX` are ten digits, and this runs for every response.
+fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
+    const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
+        2021222324252627282930313233343536373839\
+        4041424344454647484950515253545556575859\
+        6061626364656667686970717273747576777879\
+        8081828384858687888990919293949596979899";
+    let mut at = buf.len();
+    while n >= 100 {
+        let pair = (n % 100) as usize * 2;
+        n /= 100;
+        at -= 2;
+        buf[at..at + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+    }
+    if n >= 10 {
+        let pair = n as usize * 2;
+        at -= 2;
+        buf[at..at + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+    } else {
+        at -= 1;
+        buf[at] = b'0' + n as u8;
+    }
+    &buf[at..]
+}
+
+/// One rule's item of `RateLimit-Policy`, `"<name>";q=<capacity>;w=<seconds to refill from
+/// empty>`. It depends only on the rule, so each rule builds it once.
+pub(crate) fn policy_item(name: &str, limit: Limit) -> Option<HeaderValue> {
+    let mut out = Text::new();
+    out.push(b"\"");
+    out.push(name.as_bytes());
+    out.push(b"\";q=");
+    out.push_u64(u64::from(limit.burst()));
+    out.push(b";w=");
+    out.push_u64(ceil_secs(limit.refill_time()).max(1));
+    out.header_value()
+}
+
+/// `RateLimit-Policy` for the rules that applied, from their prebuilt items: one rule's item is
+/// shared as it is, several are joined.
+pub(crate) fn policy<'a>(items: impl Iterator<Item = &'a HeaderValue>) -> Option<HeaderValue> {
+    let mut items = items.peekable();
+    let first = items.next()?;
+    if items.peek().is_none() {
+        return Some(first.clone());
+    }
+    let mut out = Text::new();
+    out.push(first.as_bytes());
+    for item in items {
+        out.push(b", ");
+        out.push(item.as_bytes());
+    }
+    out.header_value()
 }
 
 /// One item of a `RateLimit` field.
@@ -82,20 +189,19 @@ impl<'a> Item<'a> {
 
 /// `"<name>";r=<remaining>;t=<seconds until the next token>` for each rule that applied.
 pub(crate) fn ratelimit<'a>(items: impl Iterator<Item = Item<'a>>) -> Option<HeaderValue> {
-    let mut out = String::new();
+    let mut out = Text::new();
     for item in items {
-        if !out.is_empty() {
-            out.push_str(", ");
+        if !out.as_bytes().is_empty() {
+            out.push(b", ");
         }
-        let _ = write!(
-            out,
-            "\"{}\";r={};t={}",
-            item.name,
-            item.remaining,
-            ceil_secs(item.next)
-        );
+        out.push(b"\"");
+        out.push(item.name.as_bytes());
+        out.push(b"\";r=");
+        out.push_u64(u64::from(item.remaining));
+        out.push(b";t=");
+        out.push_u64(ceil_secs(item.next));
     }
-    HeaderValue::from_str(&out).ok().filter(|_| !out.is_empty())
+    out.header_value()
 }
 
 type BodyFn = Arc<dyn Fn(&RateLimited) -> String + Send + Sync>;
@@ -119,31 +225,36 @@ impl Default for Rejection {
 }
 
 impl Rejection {
+    /// The rejection for a request that could go in `retry_after`. `limited` describes it to a
+    /// custom body, and is only built for one.
     pub(crate) fn respond<B: From<String>>(
         &self,
-        limited: &RateLimited,
+        retry_after: Duration,
+        limited: impl FnOnce() -> RateLimited,
         policy: Option<HeaderValue>,
         ratelimit: Option<HeaderValue>,
     ) -> Response<B> {
+        // Never 0: a client told "retry after 0" would come straight back and be refused again.
+        let secs = ceil_secs(retry_after).max(1);
         let body = match &self.body {
-            Some(f) => f(limited),
-            None => format!(
-                "rate limited: retry after {} s\n",
-                ceil_secs(limited.retry_after()).max(1)
-            ),
+            Some(f) => f(&limited()),
+            None => {
+                let mut body = String::with_capacity(48);
+                body.push_str("rate limited: retry after ");
+                body.extend(decimal(secs, &mut [0; 20]).iter().map(|&d| char::from(d)));
+                body.push_str(" s\n");
+                body
+            }
         };
         let mut res = Response::new(B::from(body));
         *res.status_mut() = self.status;
         let headers = res.headers_mut();
+        headers.reserve(4 + self.headers.len());
         headers.insert(
             CONTENT_TYPE,
             HeaderValue::from_static("text/plain; charset=utf-8"),
         );
-        // Never 0: a client told "retry after 0" would come straight back and be refused again.
-        headers.insert(
-            RETRY_AFTER,
-            HeaderValue::from(ceil_secs(limited.retry_after()).max(1)),
-        );
+        headers.insert(RETRY_AFTER, HeaderValue::from(secs));
         if let Some(v) = policy {
             headers.insert(RATELIMIT_POLICY.clone(), v);
         }
@@ -182,16 +293,38 @@ mod tests {
     }
 
     #[test]
+    fn text_writes_numbers_and_spills_past_its_inline_room() {
+        let mut text = Text::new();
+        for n in [0, 7, 10, 99, 1_000_000, u64::from(u32::MAX), u64::MAX] {
+            text.push_u64(n);
+            text.push(b" ");
+        }
+        let written = "0 7 10 99 1000000 4294967295 18446744073709551615 ";
+        assert_eq!(text.as_bytes(), written.as_bytes());
+        let long = "x".repeat(INLINE);
+        text.push(long.as_bytes());
+        text.push(b"!");
+        assert_eq!(text.as_bytes(), format!("{written}{long}!").as_bytes());
+        assert!(Text::new().header_value().is_none());
+        for n in (0..=100_000).chain([u64::from(u32::MAX) - 1, u64::MAX - 1]) {
+            assert_eq!(decimal(n, &mut [0; 20]), n.to_string().as_bytes());
+        }
+    }
+
+    #[test]
     fn fields_follow_the_draft() {
         let a = Limit::per_second(10).expect("a valid limit");
         let b = Limit::per_minute(1)
             .and_then(|l| l.with_burst(10))
             .expect("a valid limit");
-        let p = policy([("per-key", a), ("orders", b)].into_iter());
+        let items = [policy_item("per-key", a), policy_item("orders", b)];
+        let items: Vec<HeaderValue> = items.into_iter().flatten().collect();
+        let p = policy(items.iter());
         assert_eq!(
             p.as_ref().and_then(|v| v.to_str().ok()),
             Some("\"per-key\";q=10;w=1, \"orders\";q=10;w=600")
         );
+        assert_eq!(policy(items[1..].iter()).as_ref(), Some(&items[1]));
         let r = ratelimit(
             [Item {
                 name: "per-key",

@@ -4,9 +4,10 @@ use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use http::HeaderName;
 use http::request::Parts;
+use http::{HeaderName, HeaderValue};
 
+use super::response;
 use crate::key::is_name;
 use crate::{BucketKey, InvalidKey, Limit};
 
@@ -35,6 +36,8 @@ pub struct Rule {
     pub(crate) limit: Limit,
     pub(crate) key: KeyExtractor,
     cost: Option<CostFn>,
+    /// This rule's item of `RateLimit-Policy`, which never changes.
+    pub(crate) policy: HeaderValue,
 }
 
 type CostFn = Arc<dyn Fn(&Parts) -> u32 + Send + Sync>;
@@ -47,11 +50,14 @@ impl Rule {
         if !is_name(bucket) {
             return Err(InvalidKey::BucketName);
         }
+        // A valid name is plain ASCII, so its item is always a valid header value.
+        let policy = response::policy_item(bucket, limit).ok_or(InvalidKey::BucketName)?;
         Ok(Self {
             bucket: Arc::from(bucket),
             limit,
             key,
             cost: None,
+            policy,
         })
     }
 
@@ -148,7 +154,11 @@ impl KeyExtractor {
 
     fn extract(&self, bucket: &str, parts: &Parts) -> Option<BucketKey> {
         match &self.kind {
-            Kind::PeerIp => BucketKey::new(bucket, peer_ip(parts)?.to_string()).ok(),
+            Kind::PeerIp => {
+                let mut text = IpText::default();
+                text.write(peer_ip(parts)?);
+                BucketKey::new(bucket, text.as_bytes()).ok()
+            }
             Kind::Header(name) => {
                 let value = parts.headers.get(name)?;
                 BucketKey::hashed(bucket, value.as_bytes()).ok()
@@ -171,6 +181,69 @@ fn peer_ip(parts: &Parts) -> Option<IpAddr> {
         return Some(addr.ip());
     }
     parts.extensions.get::<IpAddr>().copied()
+}
+
+/// An IP address as `Display` writes it, on the stack: `to_string` would allocate a `String` per
+/// request only for the key to copy it.
+struct IpText {
+    buf: [u8; 48],
+    len: usize,
+}
+
+impl Default for IpText {
+    fn default() -> Self {
+        Self {
+            buf: [0; 48],
+            len: 0,
+        }
+    }
+}
+
+impl IpText {
+    fn write(&mut self, ip: IpAddr) {
+        match ip {
+            // The common case, by hand: four decimal octets joined by dots, as `Display` has it.
+            IpAddr::V4(v4) => {
+                for (i, octet) in v4.octets().into_iter().enumerate() {
+                    if i > 0 {
+                        self.push(b'.');
+                    }
+                    if octet >= 100 {
+                        self.push(b'0' + octet / 100);
+                    }
+                    if octet >= 10 {
+                        self.push(b'0' + octet / 10 % 10);
+                    }
+                    self.push(b'0' + octet % 10);
+                }
+            }
+            // The longest form, with an embedded IPv4 address, is 45 bytes: it always fits.
+            IpAddr::V6(v6) => {
+                let _ = fmt::Write::write_fmt(self, format_args!("{v6}"));
+            }
+        }
+    }
+
+    fn push(&mut self, byte: u8) {
+        if let Some(slot) = self.buf.get_mut(self.len) {
+            *slot = byte;
+            self.len += 1;
+        }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+impl fmt::Write for IpText {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        let end = self.len + s.len();
+        let room = self.buf.get_mut(self.len..end).ok_or(fmt::Error)?;
+        room.copy_from_slice(s.as_bytes());
+        self.len = end;
+        Ok(())
+    }
 }
 
 impl fmt::Debug for KeyExtractor {
@@ -243,6 +316,29 @@ mod tests {
             .plan(&parts(http::Request::new(())))
             .expect("applies");
         assert_eq!((key.as_str(), cost), ("path:/", 3));
+    }
+
+    #[test]
+    fn peer_ip_keys_spell_addresses_as_display_does() {
+        let mut addrs: Vec<IpAddr> = (0..=255u8)
+            .map(|b| IpAddr::from([b, 255 - b, b / 10, b % 100]))
+            .collect();
+        addrs.extend(
+            [
+                "::",
+                "::1",
+                "::ffff:10.0.0.7",
+                "2001:db8::8a2e:370:7334",
+                "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
+                "::ffff:255.255.255.255",
+            ]
+            .map(|s| s.parse::<IpAddr>().expect("a valid address")),
+        );
+        for ip in addrs {
+            let mut text = IpText::default();
+            text.write(ip);
+            assert_eq!(text.as_bytes(), ip.to_string().as_bytes());
+        }
     }
 
     #[test]

@@ -39,16 +39,12 @@ where
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let (parts, body) = req.into_parts();
-        let plan: Vec<Planned> = self
-            .config
-            .rules
-            .iter()
-            .enumerate()
-            .filter_map(|(rule, r)| {
-                r.plan(&parts)
-                    .map(|(key, cost)| Planned { rule, key, cost })
-            })
-            .collect();
+        let mut plan = Few::default();
+        for (rule, r) in self.config.rules.iter().enumerate() {
+            if let Some((key, cost)) = r.plan(&parts) {
+                plan.push(Planned { rule, key, cost });
+            }
+        }
         let req = Request::from_parts(parts, body);
         // The clone stays here; the service that was made ready goes with this request.
         let clone = self.inner.clone();
@@ -58,6 +54,59 @@ where
         }
         let decision = Box::pin(decide(Arc::clone(&self.config), plan));
         ResponseFuture::decide(decision, inner, req)
+    }
+}
+
+/// A list kept inline while it holds one item. Most requests meet one rule or two, and a `Vec`
+/// for the single one would be an allocation per request.
+#[derive(Default)]
+pub(crate) enum Few<T> {
+    #[default]
+    Empty,
+    One(T),
+    Many(Vec<T>),
+}
+
+impl<T> Few<T> {
+    fn push(&mut self, item: T) {
+        *self = match mem::take(self) {
+            Self::Empty => Self::One(item),
+            Self::One(first) => Self::Many(vec![first, item]),
+            Self::Many(mut all) => {
+                all.push(item);
+                Self::Many(all)
+            }
+        };
+    }
+
+    fn as_slice(&self) -> &[T] {
+        match self {
+            Self::Empty => &[],
+            Self::One(item) => std::slice::from_ref(item),
+            Self::Many(all) => all,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.as_slice().len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.as_slice().is_empty()
+    }
+}
+
+impl<T> IntoIterator for Few<T> {
+    type Item = T;
+    type IntoIter = std::iter::Chain<std::option::IntoIter<T>, std::vec::IntoIter<T>>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        let (one, many) = match self {
+            Self::Empty => (None, Vec::new()),
+            Self::One(item) => (Some(item), Vec::new()),
+            Self::Many(all) => (None, all),
+        };
+        one.into_iter().chain(many)
     }
 }
 
@@ -73,7 +122,8 @@ pub(crate) enum Verdict<St: BucketStore + Clone, R> {
     /// Go, after `wait`. The guard gives the tokens back if the request is dropped before then.
     Admit {
         wait: Duration,
-        guard: RefundGuard<St>,
+        /// `None` when no tokens need guarding: the request goes at once.
+        guard: Option<RefundGuard<St>>,
         /// `RateLimit-Policy` and `RateLimit` for the response.
         ratelimit: Option<(http::HeaderValue, http::HeaderValue)>,
     },
@@ -88,12 +138,16 @@ pub(crate) enum Verdict<St: BucketStore + Clone, R> {
 /// spends nothing.
 pub(crate) async fn decide<St: BucketStore + Clone, B: From<String>>(
     config: Arc<Config<St>>,
-    plan: Vec<Planned>,
+    plan: Few<Planned>,
 ) -> Verdict<St, Response<B>> {
-    let mut guard = RefundGuard::new(config.store.clone());
-    let mut decisions: Vec<(usize, Decision, u32)> = Vec::with_capacity(plan.len());
+    // Made on the first tokens it must hold, so that a request that goes at once on one rule
+    // never clones the store for it.
+    let mut guard: Option<RefundGuard<St>> = None;
+    let mut decisions: Few<(usize, Decision, u32)> = Few::default();
     let mut wait = Duration::ZERO;
-    for p in plan {
+    let mut refused = None;
+    let count = plan.len();
+    for (n, p) in plan.into_iter().enumerate() {
         let rule = &config.rules[p.rule];
         let result = config
             .store
@@ -109,49 +163,53 @@ pub(crate) async fn decide<St: BucketStore + Clone, B: From<String>>(
                     "admitted"
                 );
                 wait = wait.max(d.wait());
-                guard.push(p.key, rule.limit, p.cost);
+                // The guard must hold these tokens across every later await: the next rule's
+                // store call, or the wait. Tokens of the last rule taken for a request that goes
+                // at once are spent before anything else runs, so they need no guard (and the
+                // guard no allocation).
+                if n + 1 < count || !wait.is_zero() {
+                    guard
+                        .get_or_insert_with(|| RefundGuard::new(config.store.clone()))
+                        .push(p.key, rule.limit, p.cost);
+                }
                 decisions.push((p.rule, d, p.cost));
             }
             Ok(d) => {
-                let retry = d.retry_after().unwrap_or(Duration::ZERO);
                 tracing::debug!(
                     bucket = rule.bucket(),
                     key = %p.key.fingerprint(),
                     remaining = d.remaining(),
-                    retry_ms = retry.as_millis() as u64,
+                    retry_ms = d.wait().as_millis() as u64,
                     "rate limited"
                 );
-                guard.refund_all().await;
-                let limited = RateLimited::new(retry, rule.limit, rule.bucket(), d.remaining());
-                let policy = response::policy(
-                    decisions
-                        .iter()
-                        .map(|(i, _, _)| *i)
-                        .chain([p.rule])
-                        .map(|i| (config.rules[i].bucket(), config.rules[i].limit)),
-                );
-                let denied = Item {
-                    name: rule.bucket(),
-                    remaining: d.remaining(),
-                    next: retry,
-                };
-                let items = decisions
-                    .iter()
-                    .map(|(i, d, cost)| Item::refunded(config.rules[*i].bucket(), d, *cost))
-                    .chain([denied]);
-                let ratelimit = response::ratelimit(items);
-                return Verdict::Reject(config.rejection.respond(&limited, policy, ratelimit));
+                refused = Some((p.rule, Ok(d)));
+                break;
             }
             Err(e) => {
-                guard.refund_all().await;
-                return Verdict::Failed(failure(rule.bucket(), &e));
+                refused = Some((p.rule, Err(e)));
+                break;
             }
         }
     }
+    // One refund point after the loop, rather than one in each arm, keeps this future (boxed
+    // once per request) small.
+    if let Some((rule, outcome)) = refused {
+        if let Some(guard) = &mut guard {
+            guard.refund_all().await;
+        }
+        return match outcome {
+            Ok(d) => Verdict::Reject(reject(&config, decisions.as_slice(), rule, &d)),
+            Err(e) => Verdict::Failed(failure(config.rules[rule].bucket(), &e)),
+        };
+    }
     let ratelimit = if config.headers_on_success {
-        let applied = decisions.iter().map(|(i, d, _)| (&config.rules[*i], d));
-        let policy = response::policy(applied.clone().map(|(r, _)| (r.bucket(), r.limit)));
-        let items = response::ratelimit(applied.map(|(r, d)| Item::admitted(r.bucket(), d)));
+        let applied = decisions.as_slice();
+        let policy = config.policy(applied.iter().map(|(i, _, _)| *i), applied.len());
+        let items = response::ratelimit(
+            applied
+                .iter()
+                .map(|(i, d, _)| Item::admitted(config.rules[*i].bucket(), d)),
+        );
         policy.zip(items)
     } else {
         None
@@ -161,6 +219,34 @@ pub(crate) async fn decide<St: BucketStore + Clone, B: From<String>>(
         guard,
         ratelimit,
     }
+}
+
+/// The rejection when rule number `rule` refused with `d`, after the rules in `applied` took
+/// their tokens and gave them back.
+fn reject<St, B: From<String>>(
+    config: &Config<St>,
+    applied: &[(usize, Decision, u32)],
+    rule: usize,
+    d: &Decision,
+) -> Response<B> {
+    let retry = d.retry_after().unwrap_or(Duration::ZERO);
+    let refusing = &config.rules[rule];
+    let policy = config.policy(
+        applied.iter().map(|(i, _, _)| *i).chain([rule]),
+        applied.len() + 1,
+    );
+    let denied = Item {
+        name: refusing.bucket(),
+        remaining: d.remaining(),
+        next: retry,
+    };
+    let items = applied
+        .iter()
+        .map(|(i, d, cost)| Item::refunded(config.rules[*i].bucket(), d, *cost))
+        .chain([denied]);
+    let ratelimit = response::ratelimit(items);
+    let limited = || RateLimited::new(retry, refusing.limit, refusing.bucket(), d.remaining());
+    config.rejection.respond(retry, limited, policy, ratelimit)
 }
 
 fn failure<B: From<String>>(bucket: &str, e: &StoreError) -> Response<B> {
