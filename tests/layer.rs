@@ -702,6 +702,17 @@ async fn a_failing_store_answers_503_without_calling_the_inner_service() {
     assert_eq!(header(&res, "retry-after"), None);
     assert!(handle.poll_request().is_pending(), "the mock saw a request");
 
+    // Two more failures open the store's circuit (3 in a row by default); from then on the 503
+    // says when to come back: when the breaker lets a call through again, 500 ms, so 1 s.
+    for id in ["0b", "0c"] {
+        let res = call(&mut svc, request(Some("k1"), id)).await;
+        assert_eq!(header(&res, "retry-after"), None);
+    }
+    let res = call(&mut svc, request(Some("k1"), "0d")).await;
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(header(&res, "retry-after"), Some("1"));
+    assert!(handle.poll_request().is_pending(), "the mock saw a request");
+
     // A request no rule applies to never asks the store, so it goes through.
     let res = svc
         .ready()

@@ -57,7 +57,11 @@
 //!   and extra headers can be changed on the layer. A client that waits `Retry-After` seconds
 //!   and retries is admitted, unless others spent the tokens first.
 //! - Store failure (Redis down, a timeout): `503 Service Unavailable` with a short body, and a
-//!   `tracing` error event. A cost of zero or above a rule's burst: `500`, also logged.
+//!   `tracing` error event. While the Redis store's circuit breaker is open the 503 also carries
+//!   `Retry-After` (until the breaker lets a call through again, at least 1 s), and is logged at
+//!   debug level only, since the breaker logged the outage itself. A store whose
+//!   `OutagePolicy` admits or decides locally never reaches this. A cost
+//!   of zero or above a rule's burst: `500`, also logged.
 //!
 //! Rejections are responses, not errors: the service's error type is the inner service's.
 //! Response bodies are built with `From<String>`, which axum's `Body`, `String` and

@@ -258,6 +258,19 @@ fn failure<B: From<String>>(bucket: &str, e: &StoreError) -> Response<B> {
                 "rate limit rule misconfigured",
             )
         }
+        StoreError::Unavailable { retry_in } => {
+            // The store's circuit breaker logged the outage when it opened; one event per
+            // request while it stays open would only flood the log.
+            tracing::debug!(bucket, error = %e, "rate limit store unavailable; answering 503");
+            let mut res = response::failure(
+                http::StatusCode::SERVICE_UNAVAILABLE,
+                "rate limiter unavailable, try again shortly",
+            );
+            let secs = response::ceil_secs(*retry_in).max(1);
+            res.headers_mut()
+                .insert(http::header::RETRY_AFTER, http::HeaderValue::from(secs));
+            res
+        }
         _ => {
             tracing::error!(bucket, error = %e, "rate limit store failed; answering 503");
             response::failure(
