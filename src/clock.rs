@@ -3,6 +3,7 @@
 //! Stores take `now` from a [`Clock`], never from Redis's `TIME`: tests can then be exact, and a
 //! script that writes after reading `TIME` would not be safe to replicate.
 
+use std::cell::Cell;
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -45,8 +46,32 @@ pub struct SystemClock;
 
 impl Clock for SystemClock {
     fn now_ms(&self) -> u64 {
-        millis_since_epoch(SystemTime::now())
+        let t = SystemTime::now();
+        // Turning a `SystemTime` into milliseconds costs std about as much as reading it. Calls
+        // come many to a millisecond under load, so each thread keeps the millisecond it last
+        // converted, as the span of times it covers: a reading inside that span is the same
+        // millisecond, by two comparisons. Any other reading (the next millisecond, or a clock
+        // set back) is converted afresh.
+        let (from, to, ms) = LAST_MILLISECOND.get();
+        if from <= t && t < to {
+            return ms;
+        }
+        let ms = millis_since_epoch(t);
+        let from = UNIX_EPOCH.checked_add(Duration::from_millis(ms));
+        if let Some((from, to)) = from.and_then(|f| Some((f, f.checked_add(ONE_MS)?))) {
+            LAST_MILLISECOND.set((from, to, ms));
+        }
+        ms
     }
+}
+
+const ONE_MS: Duration = Duration::from_millis(1);
+
+thread_local! {
+    /// The last millisecond [`SystemClock`] converted on this thread: the times from the first
+    /// (inclusive) to the second (exclusive) all read as the third. It starts empty.
+    static LAST_MILLISECOND: Cell<(SystemTime, SystemTime, u64)> =
+        const { Cell::new((UNIX_EPOCH, UNIX_EPOCH, 0)) };
 }
 
 /// A clock that only moves when told to. Clones share one time, so a test can hand a clone to a
@@ -147,8 +172,14 @@ impl Clock for TokioClock {
 }
 
 fn millis_since_epoch(t: SystemTime) -> u64 {
+    // Whole seconds and whole milliseconds separately, in `u64`: the same saturating result as
+    // `as_millis` without its `u128` arithmetic, on every decision's path.
     t.duration_since(UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .map(|d| {
+            d.as_secs()
+                .saturating_mul(1_000)
+                .saturating_add(u64::from(d.subsec_millis()))
+        })
         .unwrap_or(0)
 }
 
@@ -196,5 +227,32 @@ mod tests {
     #[test]
     fn system_clock_is_after_2020() {
         assert!(SystemClock.now_ms() > 1_577_836_800_000);
+    }
+
+    /// The per-thread millisecond never answers anything a fresh conversion would not: each
+    /// reading lies between conversions made just before and just after it, across several
+    /// millisecond boundaries, on a new thread (empty cache) and on this one.
+    #[test]
+    fn system_clock_agrees_with_a_fresh_conversion_across_milliseconds() {
+        let check = || {
+            let first = millis_since_epoch(SystemTime::now());
+            let mut crossed = 0;
+            let mut last = first;
+            while crossed < 5 {
+                let before = millis_since_epoch(SystemTime::now());
+                let read = SystemClock.now_ms();
+                let after = millis_since_epoch(SystemTime::now());
+                assert!(
+                    before <= read && read <= after,
+                    "{before} <= {read} <= {after}"
+                );
+                if read != last {
+                    crossed += 1;
+                    last = read;
+                }
+            }
+        };
+        std::thread::spawn(check).join().expect("the check passes");
+        check();
     }
 }
