@@ -19,7 +19,8 @@
 //! accident), `--concurrency 64`, `--keys 10000` (allow and deny sets together), `--seconds 5`,
 //! `--warmup-seconds 1`, `--deny 0.0` (0.0 to 1.0), `--prefix loadgen-<pid>-<ms>` (the key
 //! prefix; new on every run, so the deny set starts from buckets this run emptied),
-//! `--deny-cache` (turns the store's local deny cache on; it is off by default here, so that
+//! `--raw` (the same script and keys through redis-rs alone, with no store in between: what
+//! the store adds on the client), `--deny-cache` (turns the store's local deny cache on; it is off by default here, so that
 //! every decision measures the script), and `--flood N`: every decision on one key limited to
 //! N per second with a burst of N, instead of the allow and deny sets. With the deny cache on,
 //! a flood far over its limit is answered mostly in this process:
@@ -66,7 +67,7 @@ use redis::aio::MultiplexedConnection;
 
 const USAGE: &str = "usage: loadgen --url redis://HOST:PORT/ [--concurrency 64] [--keys 10000] \
                      [--seconds 5] [--warmup-seconds 1] [--deny 0.0] [--prefix P] \
-                     [--deny-cache] [--flood PER_SECOND]  \
+                     [--deny-cache] [--flood PER_SECOND] [--raw]  \
                      (REDIS_URL may name the Redis instead of --url)";
 
 /// Generous, so that a loaded Redis shows up as latency rather than as errors.
@@ -84,6 +85,7 @@ struct Args {
     prefix: String,
     deny_cache: bool,
     flood: Option<u32>,
+    raw: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -99,6 +101,7 @@ fn parse_args() -> Result<Args, String> {
         deny: 0.0,
         deny_cache: false,
         flood: None,
+        raw: false,
         prefix: format!("loadgen-{}-{millis}", std::process::id()),
     };
     let mut it = std::env::args().skip(1);
@@ -108,6 +111,10 @@ fn parse_args() -> Result<Args, String> {
         }
         if flag == "--deny-cache" {
             args.deny_cache = true;
+            continue;
+        }
+        if flag == "--raw" {
+            args.raw = true;
             continue;
         }
         let (name, value) = match flag.split_once('=') {
@@ -339,12 +346,52 @@ struct Tally {
 }
 
 /// One task: decisions back to back until `deadline`.
-async fn worker(
-    store: RedisStore<MultiplexedConnection>,
-    work: Arc<Workload>,
-    seed: u64,
-    deadline: Instant,
-) -> Tally {
+/// What takes the decisions: the store, or (`--raw`) the same script through redis-rs alone.
+#[derive(Clone)]
+enum Driver {
+    Store(RedisStore<MultiplexedConnection>),
+    Raw {
+        store: RedisStore<MultiplexedConnection>,
+        conn: MultiplexedConnection,
+        sha: Arc<str>,
+    },
+}
+
+impl Driver {
+    /// One decision of cost 1: whether it was admitted.
+    async fn decide(&mut self, key: &BucketKey, limit: Limit) -> Result<bool, BoxError> {
+        match self {
+            Self::Store(store) => Ok(store
+                .acquire(key, limit, 1, Duration::ZERO)
+                .await?
+                .is_admitted()),
+            Self::Raw { store, conn, sha } => {
+                // What a hand-written client of the script does: format the key, send EVALSHA,
+                // read the first number of the reply.
+                let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as u64;
+                let reply: Vec<redis::Value> = redis::cmd("EVALSHA")
+                    .arg(&**sha)
+                    .arg(1)
+                    .arg(store.redis_key(key))
+                    .arg(1)
+                    .arg(now)
+                    .arg(limit.tokens())
+                    .arg(limit.interval().as_millis() as u64)
+                    .arg(limit.burst())
+                    .arg(1)
+                    .arg(0)
+                    .query_async(conn)
+                    .await?;
+                match reply.first() {
+                    Some(redis::Value::Int(allowed)) => Ok(*allowed == 1),
+                    other => Err(format!("unexpected reply {other:?}").into()),
+                }
+            }
+        }
+    }
+}
+
+async fn worker(mut driver: Driver, work: Arc<Workload>, seed: u64, deadline: Instant) -> Tally {
     let mut rng = Rng::new(seed);
     let mut tally = Tally {
         latencies: Histogram::new(),
@@ -356,12 +403,12 @@ async fn worker(
     let mut start = Instant::now();
     while start < deadline {
         let (key, limit, should_deny) = work.pick(&mut rng);
-        let result = store.acquire(key, limit, 1, Duration::ZERO).await;
+        let result = driver.decide(key, limit).await;
         let end = Instant::now();
         tally.latencies.record(end - start);
         match result {
-            Ok(decision) => {
-                let denied = !decision.is_admitted();
+            Ok(admitted) => {
+                let denied = !admitted;
                 tally.denied += u64::from(denied);
                 tally.surprises += u64::from(should_deny.is_some_and(|d| d != denied));
             }
@@ -379,7 +426,7 @@ async fn worker(
 
 /// `concurrency` tasks until `seconds` from now; the merged tally and the wall time taken.
 async fn round(
-    store: &RedisStore<MultiplexedConnection>,
+    driver: &Driver,
     work: &Arc<Workload>,
     concurrency: usize,
     seconds: f64,
@@ -390,7 +437,7 @@ async fn round(
     let tasks: Vec<_> = (0..concurrency)
         .map(|t| {
             tokio::spawn(worker(
-                store.clone(),
+                driver.clone(),
                 Arc::clone(work),
                 seed.wrapping_add(t as u64),
                 deadline,
@@ -497,11 +544,25 @@ async fn main() -> Result<(), BoxError> {
     let work = Arc::new(Workload::new(args.keys, args.deny, args.flood)?);
 
     drain_deny_set(&store, &work, args.concurrency).await?;
+    let driver = if args.raw {
+        let sha: String = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(include_str!("../src/store/bucket.lua"))
+            .query_async(&mut conn)
+            .await?;
+        Driver::Raw {
+            store: store.clone(),
+            conn: conn.clone(),
+            sha: Arc::from(sha),
+        }
+    } else {
+        Driver::Store(store.clone())
+    };
     let seed = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
     if args.warmup_seconds > 0.0 {
-        let (warm, _) = round(&store, &work, args.concurrency, args.warmup_seconds, seed).await?;
+        let (warm, _) = round(&driver, &work, args.concurrency, args.warmup_seconds, seed).await?;
         if let Some(e) = warm.first_error {
             return Err(format!("{} errors during the warmup, the first: {e}", warm.errors).into());
         }
@@ -509,7 +570,7 @@ async fn main() -> Result<(), BoxError> {
 
     let (calls_before, usec_before) = evalsha_stats(&mut conn).await?;
     let (tally, elapsed) = round(
-        &store,
+        &driver,
         &work,
         args.concurrency,
         args.seconds,
@@ -547,8 +608,11 @@ async fn main() -> Result<(), BoxError> {
         usec_per_call,
         calls as f64 / decisions.max(1) as f64,
         match args.flood {
-            Some(n) => format!(" flood={n}/s deny_cache={}", args.deny_cache),
-            None => format!(" deny_cache={}", args.deny_cache),
+            Some(n) => format!(
+                " flood={n}/s deny_cache={} raw={}",
+                args.deny_cache, args.raw
+            ),
+            None => format!(" deny_cache={} raw={}", args.deny_cache, args.raw),
         },
     );
 
