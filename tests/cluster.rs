@@ -478,31 +478,10 @@ async fn a_slot_move_under_load_does_not_open_the_circuit() {
 /// the node that does not close its connections.
 #[tokio::test]
 async fn a_flushed_script_reloads_while_an_unrelated_primary_is_down() {
-    let mut cluster = redis_cluster::start("--cluster-require-full-coverage no");
-    let clock = ManualClock::new(START);
-    let store = store(&cluster, clock.clone()).await;
-    let l = limit(1, 60_000, 5);
-    let k = key("script", "seller-1");
-    let slot = cluster
-        .slot_of(&store.redis_key(&k))
-        .expect("the key's slot");
-    let owner = cluster.owner_of(slot).expect("an owner");
-    let d = store.acquire(&k, l, 1, ZERO).await.expect("decides");
-    assert_eq!(d.remaining(), 4);
-
-    let down = (owner + 1) % cluster.nodes.len();
-    cluster.kill(down);
-    cluster.nodes[owner]
-        .query::<()>(redis::cmd("SCRIPT").arg("FLUSH"))
-        .expect("SCRIPT FLUSH on the key's primary");
-
-    let d = store
-        .acquire(&k, l, 1, ZERO)
-        .await
-        .expect("decides with an unrelated primary down");
-    assert!(d.is_admitted());
-    // The same bucket, not a new one: the flush lost the script, not the state.
-    assert_eq!(d.remaining(), 3);
+    flushed_script_reloads_with_an_unrelated_primary("seller-1", |cluster, node| {
+        cluster.kill(node)
+    })
+    .await;
 }
 
 /// As above, with the unrelated primary hung instead of killed: its connections stay open and
@@ -511,11 +490,23 @@ async fn a_flushed_script_reloads_while_an_unrelated_primary_is_down() {
 /// routed by the key (`EVAL` on the key's primary) never meets it.
 #[tokio::test]
 async fn a_flushed_script_reloads_while_an_unrelated_primary_hangs() {
+    flushed_script_reloads_with_an_unrelated_primary("seller-2", |cluster, node| {
+        cluster.freeze(node)
+    })
+    .await;
+}
+
+/// Takes one bucket, puts the primary after the key's own out of the way with `disable`,
+/// flushes the scripts of the key's primary, and decides again: the same bucket, in time.
+async fn flushed_script_reloads_with_an_unrelated_primary(
+    seller: &str,
+    disable: impl FnOnce(&mut redis_cluster::Cluster, usize),
+) {
     let mut cluster = redis_cluster::start("--cluster-require-full-coverage no");
     let clock = ManualClock::new(START);
     let store = store(&cluster, clock.clone()).await;
     let l = limit(1, 60_000, 5);
-    let k = key("script", "seller-2");
+    let k = key("script", seller);
     let slot = cluster
         .slot_of(&store.redis_key(&k))
         .expect("the key's slot");
@@ -523,15 +514,17 @@ async fn a_flushed_script_reloads_while_an_unrelated_primary_hangs() {
     let d = store.acquire(&k, l, 1, ZERO).await.expect("decides");
     assert_eq!(d.remaining(), 4);
 
-    cluster.freeze((owner + 1) % cluster.nodes.len());
+    let unrelated = (owner + 1) % cluster.nodes.len();
+    disable(&mut cluster, unrelated);
     cluster.nodes[owner]
         .query::<()>(redis::cmd("SCRIPT").arg("FLUSH"))
         .expect("SCRIPT FLUSH on the key's primary");
 
     let d = tokio::time::timeout(Duration::from_secs(3), store.acquire(&k, l, 1, ZERO))
         .await
-        .expect("the reload waited on the hung primary")
-        .expect("decides with an unrelated primary hung");
+        .expect("the reload waited on the unrelated primary")
+        .expect("decides with an unrelated primary out of the way");
     assert!(d.is_admitted());
+    // The same bucket, not a new one: the flush lost the script, not the state.
     assert_eq!(d.remaining(), 3);
 }

@@ -272,36 +272,14 @@ async fn local_fallback_gives_each_process_its_share_and_no_more() {
         })
         .collect();
     let k = key("local");
-    let mut admitted = 0;
-    for store in &stores {
-        for _ in 0..20 {
-            admitted += usize::from(
-                store
-                    .acquire(&k, l, 1, ZERO)
-                    .await
-                    .expect("local")
-                    .is_admitted(),
-            );
-        }
-    }
+    let admitted = admitted_by(&stores, &k, l, 20).await;
     assert_eq!(admitted, 10, "each process holds half the burst");
     let d = stores[0].acquire(&k, l, 1, ZERO).await.expect("local");
     // Half the rate: a token every 200 ms instead of every 100 ms.
     assert_eq!(d.retry_after(), Some(Duration::from_millis(200)));
     assert_eq!(d.limit(), l, "reported under the caller's limit");
     clock.advance(Duration::from_secs(1));
-    let mut admitted = 0;
-    for store in &stores {
-        for _ in 0..20 {
-            admitted += usize::from(
-                store
-                    .acquire(&k, l, 1, ZERO)
-                    .await
-                    .expect("local")
-                    .is_admitted(),
-            );
-        }
-    }
+    let admitted = admitted_by(&stores, &k, l, 20).await;
     assert_eq!(admitted, 10, "one second at half the rate each: 5 + 5");
     // A cost above the share is refused as under fail closed.
     assert!(matches!(
@@ -312,6 +290,23 @@ async fn local_fallback_gives_each_process_its_share_and_no_more() {
     stores[0].refund(&k, l, 1).await.expect("local refund");
     let q = stores[0].peek(&k, l).await.expect("local peek");
     assert_eq!((q.remaining(), q.capacity()), (1, 10));
+}
+
+/// Admissions from `n` decisions through each store in turn.
+async fn admitted_by(
+    stores: &[RedisStore<Switch, ManualClock>],
+    k: &BucketKey,
+    l: Limit,
+    n: usize,
+) -> usize {
+    let mut admitted = 0;
+    for store in stores {
+        for _ in 0..n {
+            let d = store.acquire(k, l, 1, ZERO).await.expect("decides locally");
+            admitted += usize::from(d.is_admitted());
+        }
+    }
+    admitted
 }
 
 #[tokio::test]
