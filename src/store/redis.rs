@@ -224,6 +224,11 @@ where
 
     /// How long a call may take before it counts as failed (250 ms by default). The outcome of
     /// a call that timed out is unknown; its tokens may be spent.
+    ///
+    /// The timeout runs on tokio's timer, not on the store's [`Clock`]. Under tokio's paused
+    /// time (`start_paused`), which jumps ahead whenever every task waits, a call waiting on a
+    /// real Redis times out at once, as redis-rs's own timeouts do: test with paused time on
+    /// [`MemoryStore`], and with real time on Redis.
     #[must_use]
     pub fn with_timeout(self, timeout: Duration) -> Self {
         Self { timeout, ..self }
@@ -235,7 +240,9 @@ where
         Self { policy, ..self }
     }
 
-    /// When the circuit opens, and for how long. Starts closed.
+    /// When the circuit opens, and for how long. Starts closed. Its time is the store's
+    /// [`Clock`], so with a [`ManualClock`](crate::ManualClock) an open circuit stays open until
+    /// the clock is advanced past its `open_for`.
     #[must_use]
     pub fn with_breaker(self, breaker: Breaker) -> Self {
         Self {
