@@ -14,6 +14,9 @@ use burstgate::{
 #[cfg(feature = "redis")]
 #[path = "support/redis_server.rs"]
 mod redis_server;
+#[cfg(feature = "redis")]
+#[path = "support/scan.rs"]
+mod scan;
 
 const START: u64 = 1_700_000_000_000;
 const ZERO: Duration = Duration::ZERO;
@@ -58,29 +61,10 @@ struct RedisSide {
 
 #[cfg(feature = "redis")]
 impl RedisSide {
-    /// The keys under this test's prefix, through `SCAN`.
+    /// The keys under this test's prefix.
     async fn keys(&self) -> Vec<String> {
         let mut conn = self.conn.clone();
-        let mut keys = Vec::new();
-        let mut cursor = 0u64;
-        loop {
-            let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(format!("{}:*", self.prefix))
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(&mut conn)
-                .await
-                .expect("SCAN");
-            keys.extend(batch);
-            if next == 0 {
-                break;
-            }
-            cursor = next;
-        }
-        keys.sort();
-        keys
+        scan::keys_matching(&mut conn, &format!("{}:*", self.prefix)).await
     }
 }
 

@@ -11,6 +11,8 @@ use sha2::{Digest, Sha256};
 
 #[path = "support/redis_server.rs"]
 mod redis_server;
+#[path = "support/scan.rs"]
+mod scan;
 
 const START: u64 = 1_700_000_000_000;
 const ZERO: Duration = Duration::ZERO;
@@ -27,26 +29,9 @@ fn random_hex() -> String {
     format!("{:016x}{:016x}", half(), half())
 }
 
-/// Every key on the server, through `SCAN` (never `KEYS`, which real servers often forbid).
+/// Every key on the server.
 async fn all_keys(conn: &mut MultiplexedConnection) -> Vec<String> {
-    let mut keys = Vec::new();
-    let mut cursor = 0u64;
-    loop {
-        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(conn)
-            .await
-            .expect("SCAN");
-        keys.extend(batch);
-        if next == 0 {
-            break;
-        }
-        cursor = next;
-    }
-    keys.sort();
-    keys
+    scan::keys_matching(conn, "*").await
 }
 
 async fn connect(url: &str) -> redis::RedisResult<MultiplexedConnection> {
