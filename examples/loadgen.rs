@@ -17,7 +17,9 @@
 //!
 //! Options: `--url` (or `REDIS_URL`; required, so a shared Redis is never written to by
 //! accident), `--concurrency 64`, `--keys 10000` (allow and deny sets together), `--seconds 5`,
-//! `--warmup-seconds 1`, `--deny 0.0` (0.0 to 1.0), `--prefix loadgen-<pid>-<ms>` (the key
+//! `--warmup-seconds 1`, `--deny 0.0` (0.0 to 1.0), `--threads N` (tokio worker threads; the
+//! default is one per core, and 1 runs everything on a current-thread runtime, which leaves the
+//! other cores to a Redis on the same machine), `--prefix loadgen-<pid>-<ms>` (the key
 //! prefix; new on every run, so the deny set starts from buckets this run emptied),
 //! `--raw` (the same script and keys through redis-rs alone, with no store in between: what
 //! the store adds on the client), `--deny-cache` (turns the store's local deny cache on; it is off by default here, so that
@@ -67,7 +69,7 @@ use redis::aio::MultiplexedConnection;
 
 const USAGE: &str = "usage: loadgen --url redis://HOST:PORT/ [--concurrency 64] [--keys 10000] \
                      [--seconds 5] [--warmup-seconds 1] [--deny 0.0] [--prefix P] \
-                     [--deny-cache] [--flood PER_SECOND] [--raw]  \
+                     [--deny-cache] [--flood PER_SECOND] [--raw] [--threads N]  \
                      (REDIS_URL may name the Redis instead of --url)";
 
 /// Generous, so that a loaded Redis shows up as latency rather than as errors.
@@ -86,6 +88,7 @@ struct Args {
     deny_cache: bool,
     flood: Option<u32>,
     raw: bool,
+    threads: usize,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -102,6 +105,7 @@ fn parse_args() -> Result<Args, String> {
         deny_cache: false,
         flood: None,
         raw: false,
+        threads: 0,
         prefix: format!("loadgen-{}-{millis}", std::process::id()),
     };
     let mut it = std::env::args().skip(1);
@@ -136,6 +140,7 @@ fn parse_args() -> Result<Args, String> {
             "--deny" => args.deny = value.parse().map_err(|e| bad(&e))?,
             "--prefix" => args.prefix = value.clone(),
             "--flood" => args.flood = Some(value.parse().map_err(|e| bad(&e))?),
+            "--threads" => args.threads = value.parse().map_err(|e| bad(&e))?,
             _ => return Err(format!("unknown option {name}\n{USAGE}")),
         }
     }
@@ -522,8 +527,7 @@ async fn evalsha_stats(conn: &mut MultiplexedConnection) -> Result<(u64, u64), B
     Ok((calls, usec))
 }
 
-#[tokio::main]
-async fn main() -> Result<(), BoxError> {
+fn main() -> Result<(), BoxError> {
     let args = match parse_args() {
         Ok(args) => args,
         Err(message) => {
@@ -531,6 +535,22 @@ async fn main() -> Result<(), BoxError> {
             std::process::exit(2);
         }
     };
+    let runtime = match args.threads {
+        1 => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?,
+        0 => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?,
+        n => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n)
+            .enable_all()
+            .build()?,
+    };
+    runtime.block_on(run(args))
+}
+
+async fn run(args: Args) -> Result<(), BoxError> {
 
     let client = redis::Client::open(args.url.as_str())?;
     let config = AsyncConnectionConfig::new().set_response_timeout(Some(RESPONSE_TIMEOUT));
