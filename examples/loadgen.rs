@@ -69,7 +69,7 @@ use redis::aio::MultiplexedConnection;
 
 const USAGE: &str = "usage: loadgen --url redis://HOST:PORT/ [--concurrency 64] [--keys 10000] \
                      [--seconds 5] [--warmup-seconds 1] [--deny 0.0] [--prefix P] \
-                     [--deny-cache] [--flood PER_SECOND] [--raw] [--threads N]  \
+                     [--deny-cache] [--flood PER_SECOND] [--raw] [--pipeline P] [--threads N]  \
                      (REDIS_URL may name the Redis instead of --url)";
 
 /// Generous, so that a loaded Redis shows up as latency rather than as errors.
@@ -89,6 +89,7 @@ struct Args {
     flood: Option<u32>,
     raw: bool,
     threads: usize,
+    pipeline: Option<usize>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -106,6 +107,7 @@ fn parse_args() -> Result<Args, String> {
         flood: None,
         raw: false,
         threads: 0,
+        pipeline: None,
         prefix: format!("loadgen-{}-{millis}", std::process::id()),
     };
     let mut it = std::env::args().skip(1);
@@ -141,11 +143,15 @@ fn parse_args() -> Result<Args, String> {
             "--prefix" => args.prefix = value.clone(),
             "--flood" => args.flood = Some(value.parse().map_err(|e| bad(&e))?),
             "--threads" => args.threads = value.parse().map_err(|e| bad(&e))?,
+            "--pipeline" => args.pipeline = Some(value.parse().map_err(|e| bad(&e))?),
             _ => return Err(format!("unknown option {name}\n{USAGE}")),
         }
     }
     if args.url.is_empty() {
         return Err(format!("--url (or REDIS_URL) is required\n{USAGE}"));
+    }
+    if args.pipeline == Some(0) {
+        return Err("--pipeline must be at least 1".into());
     }
     if args.concurrency == 0 {
         return Err("--concurrency must be at least 1".into());
@@ -360,6 +366,13 @@ enum Driver {
         conn: MultiplexedConnection,
         sha: Arc<str>,
     },
+    /// `--pipeline`: connections of its own, see [`pipelined_worker`].
+    Pipelined {
+        store: RedisStore<MultiplexedConnection>,
+        addr: (String, u16),
+        sha: Arc<str>,
+        depth: usize,
+    },
 }
 
 impl Driver {
@@ -370,29 +383,172 @@ impl Driver {
                 .acquire(key, limit, 1, Duration::ZERO)
                 .await?
                 .is_admitted()),
+            Self::Pipelined { .. } => Err("a pipelined driver runs its own loop".into()),
             Self::Raw { store, conn, sha } => {
-                // What a hand-written client of the script does: format the key, send EVALSHA,
-                // read the first number of the reply.
+                // What a hand-written client of the script does: format the key, pack the
+                // arguments, send EVALSHA, read the first number of the reply.
                 let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as u64;
-                let reply: Vec<redis::Value> = redis::cmd("EVALSHA")
+                let reply: Vec<u8> = redis::cmd("EVALSHA")
                     .arg(&**sha)
                     .arg(1)
                     .arg(store.redis_key(key))
-                    .arg(1)
-                    .arg(now)
-                    .arg(limit.tokens())
-                    .arg(limit.interval().as_millis() as u64)
-                    .arg(limit.burst())
-                    .arg(1)
-                    .arg(0)
+                    .arg(&pack_args(now, limit)[..])
                     .query_async(conn)
                     .await?;
-                match reply.first() {
-                    Some(redis::Value::Int(allowed)) => Ok(*allowed == 1),
-                    other => Err(format!("unexpected reply {other:?}").into()),
+                allowed(&reply)
+            }
+        }
+    }
+}
+
+/// The script's one argument for an acquire of cost 1 with no wait: seven little-endian `f64`s,
+/// op (1, acquire), now, tokens, interval in ms, burst, cost, max wait.
+fn pack_args(now: u64, limit: Limit) -> [u8; 56] {
+    let values = [
+        1.0,
+        now as f64,
+        f64::from(limit.tokens()),
+        limit.interval().as_millis() as f64,
+        f64::from(limit.burst()),
+        1.0,
+        0.0,
+    ];
+    let mut packed = [0; 56];
+    for (chunk, v) in packed.chunks_exact_mut(8).zip(values) {
+        chunk.copy_from_slice(&v.to_le_bytes());
+    }
+    packed
+}
+
+/// Whether the script's reply (four little-endian `f64`s, then the stored state on a denial)
+/// admitted.
+fn allowed(reply: &[u8]) -> Result<bool, BoxError> {
+    match reply.first_chunk::<8>().map(|b| f64::from_le_bytes(*b)) {
+        Some(1.0) => Ok(true),
+        Some(0.0) => Ok(false),
+        _ => Err(format!("unexpected reply {reply:?}").into()),
+    }
+}
+
+/// `--pipeline P`: what `redis-benchmark -P P` measures, for this script's own command: each of
+/// the `concurrency` tasks has a TCP connection of its own, writes P calls at once and reads
+/// the P replies, with the RESP written and read by hand so the client costs as little as it
+/// can. The rate it reaches is the ceiling of this Redis for the script.
+async fn pipelined_worker(
+    addr: (String, u16),
+    sha: Arc<str>,
+    store: RedisStore<MultiplexedConnection>,
+    work: Arc<Workload>,
+    depth: usize,
+    seed: u64,
+    deadline: Instant,
+) -> Result<Tally, BoxError> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream.set_nodelay(true)?;
+    let mut rng = Rng::new(seed);
+    let mut tally = Tally {
+        latencies: Histogram::new(),
+        denied: 0,
+        surprises: 0,
+        errors: 0,
+        first_error: None,
+    };
+    let mut out = Vec::with_capacity(depth * 256);
+    let mut expected = Vec::with_capacity(depth);
+    let mut input = Vec::with_capacity(depth * 64);
+    let mut start = Instant::now();
+    while start < deadline {
+        out.clear();
+        expected.clear();
+        let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as u64;
+        for _ in 0..depth {
+            let (key, limit, should_deny) = work.pick(&mut rng);
+            let key = store.redis_key(key);
+            let packed = pack_args(now, limit);
+            out.extend_from_slice(b"*5\r\n");
+            for arg in [
+                b"EVALSHA".as_slice(),
+                sha.as_bytes(),
+                b"1",
+                key.as_bytes(),
+                &packed,
+            ] {
+                out.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
+                out.extend_from_slice(arg);
+                out.extend_from_slice(b"\r\n");
+            }
+            expected.push(should_deny);
+        }
+        stream.write_all(&out).await?;
+        let mut read = 0;
+        let mut parsed = 0;
+        input.clear();
+        while parsed < depth {
+            match next_reply(&input[read..])? {
+                Some((reply, used)) => {
+                    read += used;
+                    match reply {
+                        Ok(bytes) => {
+                            let denied = !allowed(bytes)?;
+                            tally.denied += u64::from(denied);
+                            tally.surprises +=
+                                u64::from(expected[parsed].is_some_and(|d| d != denied));
+                        }
+                        Err(message) => {
+                            tally.errors += 1;
+                            if tally.first_error.is_none() {
+                                tally.first_error = Some(message);
+                            }
+                        }
+                    }
+                    parsed += 1;
+                }
+                None => {
+                    let mut chunk = [0; 16 * 1024];
+                    let n = stream.read(&mut chunk).await?;
+                    if n == 0 {
+                        return Err("the server closed the connection".into());
+                    }
+                    input.extend_from_slice(&chunk[..n]);
                 }
             }
         }
+        let end = Instant::now();
+        for _ in 0..depth {
+            tally.latencies.record(end - start);
+        }
+        start = end;
+    }
+    Ok(tally)
+}
+
+/// One reply (a bulk string's bytes, or an error's text) and the bytes it took.
+type Parsed<'a> = (Result<&'a [u8], String>, usize);
+
+/// The first RESP reply in `buf`, if it is all there: a bulk string's bytes or an error's text,
+/// and how many bytes it took.
+fn next_reply(buf: &[u8]) -> Result<Option<Parsed<'_>>, BoxError> {
+    let Some(eol) = buf.windows(2).position(|w| w == b"\r\n") else {
+        return Ok(None);
+    };
+    let line = &buf[1..eol];
+    match buf.first() {
+        Some(b'$') => {
+            let len: usize = std::str::from_utf8(line)?.parse()?;
+            let end = eol + 2 + len + 2;
+            Ok((buf.len() >= end).then(|| (Ok(&buf[eol + 2..eol + 2 + len]), end)))
+        }
+        Some(b'-') => Ok(Some((
+            Err(String::from_utf8_lossy(line).into_owned()),
+            eol + 2,
+        ))),
+        _ => Err(format!(
+            "unexpected reply {:?}",
+            String::from_utf8_lossy(&buf[..eol])
+        )
+        .into()),
     }
 }
 
@@ -441,12 +597,21 @@ async fn round(
     let deadline = started + Duration::from_secs_f64(seconds);
     let tasks: Vec<_> = (0..concurrency)
         .map(|t| {
-            tokio::spawn(worker(
-                driver.clone(),
-                Arc::clone(work),
-                seed.wrapping_add(t as u64),
-                deadline,
-            ))
+            let seed = seed.wrapping_add(t as u64);
+            let work = Arc::clone(work);
+            match driver.clone() {
+                Driver::Pipelined {
+                    store,
+                    addr,
+                    sha,
+                    depth,
+                } => tokio::spawn(pipelined_worker(
+                    addr, sha, store, work, depth, seed, deadline,
+                )),
+                driver => tokio::spawn(async move {
+                    Ok::<_, BoxError>(worker(driver, work, seed, deadline).await)
+                }),
+            }
         })
         .collect();
     let mut all = Tally {
@@ -457,7 +622,7 @@ async fn round(
         first_error: None,
     };
     for task in tasks {
-        let tally = task.await?;
+        let tally = task.await??;
         all.latencies.merge(&tally.latencies);
         all.denied += tally.denied;
         all.surprises += tally.surprises;
@@ -551,7 +716,6 @@ fn main() -> Result<(), BoxError> {
 }
 
 async fn run(args: Args) -> Result<(), BoxError> {
-
     let client = redis::Client::open(args.url.as_str())?;
     let config = AsyncConnectionConfig::new().set_response_timeout(Some(RESPONSE_TIMEOUT));
     let mut conn = client
@@ -564,16 +728,38 @@ async fn run(args: Args) -> Result<(), BoxError> {
     let work = Arc::new(Workload::new(args.keys, args.deny, args.flood)?);
 
     drain_deny_set(&store, &work, args.concurrency).await?;
-    let driver = if args.raw {
+    let driver = if args.raw || args.pipeline.is_some() {
         let sha: String = redis::cmd("SCRIPT")
             .arg("LOAD")
             .arg(include_str!("../src/store/bucket.lua"))
             .query_async(&mut conn)
             .await?;
-        Driver::Raw {
-            store: store.clone(),
-            conn: conn.clone(),
-            sha: Arc::from(sha),
+        let sha = Arc::from(sha);
+        match args.pipeline {
+            Some(depth) => {
+                let info = client.get_connection_info();
+                let redis::ConnectionAddr::Tcp(host, port) = info.addr() else {
+                    return Err("--pipeline needs a plain redis://host:port/ URL".into());
+                };
+                if info.redis_settings().password().is_some() || info.redis_settings().db() != 0 {
+                    return Err(
+                        "--pipeline sends neither AUTH nor SELECT: use database 0 of a \
+                                Redis with no password"
+                            .into(),
+                    );
+                }
+                Driver::Pipelined {
+                    store: store.clone(),
+                    addr: (host.clone(), *port),
+                    sha,
+                    depth,
+                }
+            }
+            None => Driver::Raw {
+                store: store.clone(),
+                conn: conn.clone(),
+                sha,
+            },
         }
     } else {
         Driver::Store(store.clone())
@@ -612,7 +798,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
     println!(
         "loadgen C={} keys={} deny={:.2} secs={:.1} decisions={} denied={:.3} errors={} \
          rate={:.0}/s p50={:.1}us p99={:.1}us p999={:.1}us redis_calls={} redis_usec_per_call={} \
-         redis_calls_per_decision={:.4}{}",
+         redis_calls_per_decision={:.4}{}{}",
         args.concurrency,
         args.keys,
         args.deny,
@@ -633,6 +819,10 @@ async fn run(args: Args) -> Result<(), BoxError> {
                 args.deny_cache, args.raw
             ),
             None => format!(" deny_cache={} raw={}", args.deny_cache, args.raw),
+        },
+        match args.pipeline {
+            Some(p) => format!(" pipeline={p}"),
+            None => String::new(),
         },
     );
 

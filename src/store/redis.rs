@@ -417,14 +417,14 @@ async fn invoke(
     now: u64,
     args: &Args,
 ) -> Result<Value, RedisError> {
-    let values = args.values(now);
+    let packed = args.pack(now);
     let sha = script().get_hash();
-    match command("EVALSHA", sha, redis_key, &values)
+    match command("EVALSHA", sha, redis_key, &packed)
         .query_async(conn)
         .await
     {
         Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-            command("EVAL", SOURCE, redis_key, &values)
+            command("EVAL", SOURCE, redis_key, &packed)
                 .query_async(conn)
                 .await
         }
@@ -433,16 +433,14 @@ async fn invoke(
 }
 
 /// One script call, built in one buffer sized for it.
-fn command(name: &str, script: &str, redis_key: RedisKey<'_>, values: &[u64; 7]) -> Cmd {
-    // The key is at most 64 + 4 + 64 + 1 + 128 bytes, each number at most 20 digits.
-    let mut cmd = Cmd::with_capacity(10, name.len() + script.len() + 1 + 270 + 7 * 20);
+fn command(name: &str, script: &str, redis_key: RedisKey<'_>, packed: &[u8; PACKED_ARGS]) -> Cmd {
+    // The key is at most 64 + 4 + 64 + 1 + 128 bytes.
+    let mut cmd = Cmd::with_capacity(5, name.len() + script.len() + 1 + 270 + PACKED_ARGS);
     cmd.arg(name)
         .arg(script)
         .arg(1)
-        .arg(redis_key_arg(redis_key));
-    for v in values {
-        cmd.arg(*v);
-    }
+        .arg(redis_key_arg(redis_key))
+        .arg(&packed[..]);
     cmd
 }
 
@@ -476,10 +474,15 @@ enum Op {
     Drain = 4,
 }
 
+/// The script's one argument: seven little-endian `f64`s.
+const PACKED_ARGS: usize = 7 * 8;
+
 impl Args {
-    /// `ARGV` as the script reads it.
-    fn values(&self, now: u64) -> [u64; 7] {
-        [
+    /// `ARGV[1]` as the script unpacks it: op, now, tokens, interval, capacity, x, max_wait.
+    /// Every value below 2^53 is exact; a larger one rounds to the nearest double, as the
+    /// decimal form used to under Lua's own parsing, and the script clamps it.
+    fn pack(&self, now: u64) -> [u8; PACKED_ARGS] {
+        let values = [
             self.op as u64,
             now,
             u64::from(self.limit.tokens()),
@@ -487,7 +490,12 @@ impl Args {
             u64::from(self.limit.burst()),
             self.x,
             self.max_wait,
-        ]
+        ];
+        let mut packed = [0; PACKED_ARGS];
+        for (chunk, v) in packed.chunks_exact_mut(8).zip(values) {
+            chunk.copy_from_slice(&(v as f64).to_le_bytes());
+        }
+        packed
     }
 }
 
@@ -499,6 +507,8 @@ struct Reply {
     state: Option<State>,
 }
 
+/// The script's reply: `allowed, wait, remaining, reset` as four little-endian `f64`s holding
+/// whole numbers, and after a denial the 16-byte stored value.
 fn parse_reply(value: &Value) -> Result<Reply, StoreError> {
     let bad = || {
         StoreError::Backend(BackendError::new(
@@ -506,29 +516,25 @@ fn parse_reply(value: &Value) -> Result<Reply, StoreError> {
             None,
         ))
     };
-    let Value::Array(items) = value else {
+    let Value::BulkString(bytes) = value else {
         return Err(bad());
     };
-    let whole = |i: usize| match items.get(i) {
-        Some(Value::Int(v)) => u64::try_from(*v).ok(),
-        _ => None,
-    };
-    let (Some(allowed), Some(wait), Some(remaining), Some(reset)) =
-        (whole(0), whole(1), whole(2), whole(3))
-    else {
-        return Err(bad());
-    };
+    let (numbers, rest) = bytes.split_first_chunk::<32>().ok_or_else(bad)?;
+    let mut whole = [0u64; 4];
+    for (w, chunk) in whole.iter_mut().zip(numbers.chunks_exact(8)) {
+        let mut b = [0; 8];
+        b.copy_from_slice(chunk);
+        *w = to_whole(f64::from_le_bytes(b)).ok_or_else(bad)?;
+    }
+    let [allowed, wait, remaining, reset] = whole;
     if allowed > 1 {
         return Err(bad());
     }
-    let state = match items.get(4) {
-        None => None,
-        Some(Value::BulkString(bytes)) => Some(decode(bytes).ok_or_else(bad)?),
-        Some(_) => return Err(bad()),
+    let state = match rest.len() {
+        0 => None,
+        16 => Some(decode(rest).ok_or_else(bad)?),
+        _ => return Err(bad()),
     };
-    if items.len() > 5 {
-        return Err(bad());
-    }
     Ok(Reply {
         outcome: Outcome {
             allowed: allowed == 1,
@@ -538,6 +544,17 @@ fn parse_reply(value: &Value) -> Result<Reply, StoreError> {
         },
         state,
     })
+}
+
+/// `v` as a `u64`, when it is a whole number the script can answer: at least 0 and below 2^63.
+fn to_whole(v: f64) -> Option<u64> {
+    // The range check also turns away NaN and the infinities.
+    const TWO_TO_63: f64 = 9_223_372_036_854_775_808.0;
+    if (0.0..TWO_TO_63).contains(&v) && v.fract() == 0.0 {
+        Some(v as u64)
+    } else {
+        None
+    }
 }
 
 /// A stored value, as the script writes it: `t` then `ts`, each an `f64`, little-endian.
@@ -750,3 +767,75 @@ impl<C, K: fmt::Debug> fmt::Debug for RedisStore<C, K> {
 
 #[cfg(test)]
 mod differential;
+
+#[cfg(test)]
+mod reply_tests {
+    use super::*;
+
+    fn packed(numbers: [f64; 4], tail: &[u8]) -> Value {
+        let mut bytes: Vec<u8> = numbers.iter().flat_map(|v| v.to_le_bytes()).collect();
+        bytes.extend_from_slice(tail);
+        Value::BulkString(bytes)
+    }
+
+    #[test]
+    fn an_admission_and_a_denial_with_its_state_parse() {
+        let admit = parse_reply(&packed([1.0, 0.0, 9.0, 1500.0], b"")).expect("parses");
+        assert_eq!(
+            admit,
+            Reply {
+                outcome: Outcome {
+                    allowed: true,
+                    wait: 0,
+                    remaining: 9,
+                    reset: 1500
+                },
+                state: None
+            }
+        );
+        let mut state = 0.25f64.to_le_bytes().to_vec();
+        state.extend_from_slice(&1_700_000_000_123f64.to_le_bytes());
+        let deny = parse_reply(&packed([0.0, 250.0, 0.0, 9_007_199_254_740_991.0], &state))
+            .expect("parses");
+        assert!(!deny.outcome.allowed);
+        assert_eq!(deny.outcome.wait, 250);
+        assert_eq!(deny.outcome.reset, 9_007_199_254_740_991);
+        assert_eq!(
+            deny.state,
+            Some(State {
+                t: 0.25,
+                ts: 1_700_000_000_123.0
+            })
+        );
+    }
+
+    #[test]
+    fn anything_else_is_a_backend_error() {
+        let bad = [
+            Value::Array(vec![
+                Value::Int(1),
+                Value::Int(0),
+                Value::Int(1),
+                Value::Int(1),
+            ]),
+            Value::Int(1),
+            Value::Nil,
+            Value::BulkString(vec![0; 31]),
+            Value::BulkString(vec![0; 33]),
+            Value::BulkString(vec![0; 47]),
+            Value::BulkString(vec![0; 49]),
+            packed([2.0, 0.0, 0.0, 0.0], b""),
+            packed([1.0, -1.0, 0.0, 0.0], b""),
+            packed([1.0, 0.5, 0.0, 0.0], b""),
+            packed([1.0, 0.0, f64::NAN, 0.0], b""),
+            packed([1.0, 0.0, 0.0, f64::INFINITY], b""),
+            packed([1.0, 0.0, 0.0, 9_223_372_036_854_775_808.0], b""),
+        ];
+        for value in bad {
+            assert!(
+                matches!(parse_reply(&value), Err(StoreError::Backend(_))),
+                "{value:?}"
+            );
+        }
+    }
+}

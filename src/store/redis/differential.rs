@@ -179,7 +179,7 @@ async fn trace(
             .arg(lua.get_hash())
             .arg(1)
             .arg(key)
-            .arg(&args.values(now)[..])
+            .arg(&args.pack(now)[..])
             .cmd("GET")
             .arg(key)
             .cmd("PTTL")
@@ -307,7 +307,11 @@ const MUTANTS: &[(&str, &str)] = &[
         "while e > 0 and t + (e - 1) * tokens / interval >= target do e = e - 1 end",
         "",
     ),
-    // The clock, the stored state and what is available now.
+    // The arguments, the clock, the stored state and what is available now.
+    (
+        "local op, now, tokens, interval, capacity, x, max_wait =",
+        "local op, now, interval, tokens, capacity, x, max_wait =",
+    ),
     ("if now > MAX_TIME then now = MAX_TIME end", ""),
     ("if #stored ~= 16 then", "if #stored ~= 17 then"),
     (
@@ -336,20 +340,33 @@ const MUTANTS: &[(&str, &str)] = &[
     ("local t2 = avail - x - over", "local t2 = avail - x"),
     ("struct.pack('<dd', t2, ts2)", "struct.pack('<dd', ts2, t2)"),
     (
-        "      string.format('%d', full - now + interval))",
-        "      string.format('%d', full - now))",
+        "string.format('%d', full - now + interval),\n      struct.pack('<dd', t2, ts2))",
+        "string.format('%d', full - now),\n      struct.pack('<dd', t2, ts2))",
+    ),
+    (
+        "while t2 + e * tokens / interval < capacity do e = e + 1 end",
+        "",
+    ),
+    (
+        "while e > 0 and t2 + (e - 1) * tokens / interval >= capacity do e = e - 1 end",
+        "",
+    ),
+    ("full = ts2 + e", "full = ts + e"),
+    (
+        "return struct.pack('<dddd', 1, wait, left, full - now)",
+        "return struct.pack('<dddd', 1, left, wait, full - now)",
     ),
     (
         "\n    if t2 > 0 then left = math.floor(t2) end",
         "\n    if t2 > 0 then left = math.ceil(t2) end",
     ),
     (
-        "if avail > 0 then left = math.floor(avail) end\n  return {0,",
-        "if t > 0 then left = math.floor(t) end\n  return {0,",
+        "if avail > 0 then left = math.floor(avail) end\n  return struct.pack('<dddd', 0,",
+        "if t > 0 then left = math.floor(t) end\n  return struct.pack('<dddd', 0,",
     ),
     (
-        "return {0, wait, left, ready_at(t, ts, capacity) - now, stored}",
-        "return {0, wait, left, ready_at(t, ts2, capacity) - now, stored}",
+        "return struct.pack('<dddd', 0, wait, left, ready_at(t, ts, capacity) - now) .. stored",
+        "return struct.pack('<dddd', 0, wait, left, ready_at(t, ts2, capacity) - now) .. stored",
     ),
     // peek
     (
@@ -362,12 +379,12 @@ const MUTANTS: &[(&str, &str)] = &[
     ),
     ("if not (reset > 0) then reset = 0 end", ""),
     (
-        "return {avail >= 1 and 1 or 0, next_in, left, reset}",
-        "return {avail > 1 and 1 or 0, next_in, left, reset}",
+        "return struct.pack('<dddd', avail >= 1 and 1 or 0, next_in, left, reset)",
+        "return struct.pack('<dddd', avail > 1 and 1 or 0, next_in, left, reset)",
     ),
     (
-        "ready_at(t, ts, capacity) - now, stored}",
-        "ready_at(t, ts, capacity) - now}",
+        "ready_at(t, ts, capacity) - now) .. stored",
+        "ready_at(t, ts, capacity) - now)",
     ),
     // refund and drain
     ("if not (t2 < capacity) then t2 = capacity end", ""),
@@ -376,8 +393,8 @@ const MUTANTS: &[(&str, &str)] = &[
     ("if x > ts2 then ts3 = x end", "ts3 = x"),
     ("struct.pack('<dd', t2, ts3)", "struct.pack('>dd', t2, ts3)"),
     (
-        "\n    string.format('%d', full - now + interval))",
-        "\n    string.format('%d', full - ts3 + interval))",
+        "string.format('%d', full - now + interval),\n    struct.pack('<dd', t2, ts3))",
+        "string.format('%d', full - ts3 + interval),\n    struct.pack('<dd', t2, ts3))",
     ),
     (
         "\n  if t2 > 0 then left = math.floor(t2) end",
