@@ -90,6 +90,7 @@ struct Args {
     raw: bool,
     threads: usize,
     pipeline: Option<usize>,
+    buffer: Option<usize>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -108,6 +109,7 @@ fn parse_args() -> Result<Args, String> {
         raw: false,
         threads: 0,
         pipeline: None,
+        buffer: None,
         prefix: format!("loadgen-{}-{millis}", std::process::id()),
     };
     let mut it = std::env::args().skip(1);
@@ -143,6 +145,7 @@ fn parse_args() -> Result<Args, String> {
             "--prefix" => args.prefix = value.clone(),
             "--flood" => args.flood = Some(value.parse().map_err(|e| bad(&e))?),
             "--threads" => args.threads = value.parse().map_err(|e| bad(&e))?,
+            "--buffer" => args.buffer = Some(value.parse().map_err(|e| bad(&e))?),
             "--pipeline" => args.pipeline = Some(value.parse().map_err(|e| bad(&e))?),
             _ => return Err(format!("unknown option {name}\n{USAGE}")),
         }
@@ -717,7 +720,10 @@ fn main() -> Result<(), BoxError> {
 
 async fn run(args: Args) -> Result<(), BoxError> {
     let client = redis::Client::open(args.url.as_str())?;
-    let config = AsyncConnectionConfig::new().set_response_timeout(Some(RESPONSE_TIMEOUT));
+    let mut config = AsyncConnectionConfig::new().set_response_timeout(Some(RESPONSE_TIMEOUT));
+    if let Some(size) = args.buffer {
+        config = config.set_pipeline_buffer_size(size);
+    }
     let mut conn = client
         .get_multiplexed_async_connection_with_config(&config)
         .await?;

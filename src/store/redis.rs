@@ -26,6 +26,8 @@ use outage::{Circuit, Pass};
 /// keys instead of meeting old values. 1 was a hash `{t, ts}` with decimal fields; 2 is one
 /// 16-byte string, the two `f64`s little-endian.
 const FORMAT: u32 = 2;
+/// What goes between the prefix and the bucket in every key: the format version.
+const FORMAT_PART: &str = ":v2:";
 
 const DEFAULT_PREFIX: &str = "burstgate";
 
@@ -372,9 +374,15 @@ struct RedisKey<'a> {
     key: &'a BucketKey,
 }
 
+impl RedisKey<'_> {
+    fn parts(&self) -> [&str; 3] {
+        [self.prefix, FORMAT_PART, self.key.as_str()]
+    }
+}
+
 impl fmt::Display for RedisKey<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:v{FORMAT}:{}", self.prefix, self.key.as_str())
+        self.parts().iter().try_for_each(|part| f.write_str(part))
     }
 }
 
@@ -449,7 +457,11 @@ fn redis_key_arg(key: RedisKey<'_>) -> impl redis::ToRedisArgs + '_ {
     struct Arg<'a>(RedisKey<'a>);
     impl redis::ToRedisArgs for Arg<'_> {
         fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
-            out.write_arg_fmt(self.0);
+            let mut arg = out.writer_for_next_arg();
+            for part in self.0.parts() {
+                // Writing to the command's own buffer cannot fail.
+                let _ = std::io::Write::write_all(&mut arg, part.as_bytes());
+            }
         }
     }
     Arg(key)
@@ -807,6 +819,36 @@ mod reply_tests {
                 ts: 1_700_000_000_123.0
             })
         );
+    }
+
+    #[test]
+    fn the_key_written_into_a_command_is_the_key_named() {
+        assert_eq!(FORMAT_PART, format!(":v{FORMAT}:"));
+        let key = BucketKey::new("orders", "seller:{7}").expect("a key");
+        let redis_key = RedisKey {
+            prefix: "app",
+            key: &key,
+        };
+        let cmd = command("EVALSHA", "sha", redis_key, &[7; PACKED_ARGS]);
+        let args: Vec<&[u8]> = cmd
+            .args_iter()
+            .map(|arg| match arg {
+                redis::Arg::Simple(bytes) => bytes,
+                _ => b"<not a plain argument>",
+            })
+            .collect();
+        let named = redis_key.to_string();
+        assert_eq!(
+            args,
+            [
+                b"EVALSHA".as_slice(),
+                b"sha",
+                b"1",
+                named.as_bytes(),
+                &[7; PACKED_ARGS]
+            ]
+        );
+        assert!(named.starts_with("app:v2:orders:"), "{named}");
     }
 
     #[test]
