@@ -1,5 +1,6 @@
 //! Decisions per second and latency of a [`RedisStore`] shared by many tasks over one
-//! multiplexed connection, for comparing with `redis-benchmark` running the same script.
+//! multiplexed connection, and of the same script driven as `redis-benchmark` drives a
+//! command, for comparing the two in one run.
 //!
 //! `--concurrency` tokio tasks share one [`MultiplexedConnection`] and take decisions of cost 1
 //! back to back, each on a key drawn uniformly at random, first for `--warmup-seconds` (not
@@ -15,17 +16,29 @@
 //!     --concurrency 64 --keys 10000 --seconds 5 --deny 0.0
 //! ```
 //!
-//! Options: `--url` (or `REDIS_URL`; required, so a shared Redis is never written to by
-//! accident), `--concurrency 64`, `--keys 10000` (allow and deny sets together), `--seconds 5`,
-//! `--warmup-seconds 1`, `--deny 0.0` (0.0 to 1.0), `--threads N` (tokio worker threads; the
-//! default is one per core, and 1 runs everything on a current-thread runtime, which leaves the
-//! other cores to a Redis on the same machine), `--prefix loadgen-<pid>-<ms>` (the key
-//! prefix; new on every run, so the deny set starts from buckets this run emptied),
-//! `--raw` (the same script and keys through redis-rs alone, with no store in between: what
-//! the store adds on the client), `--deny-cache` (turns the store's local deny cache on; it is off by default here, so that
-//! every decision measures the script), and `--flood N`: every decision on one key limited to
-//! N per second with a burst of N, instead of the allow and deny sets. With the deny cache on,
-//! a flood far over its limit is answered mostly in this process:
+//! Options:
+//!
+//! - `--url` (or `REDIS_URL`; required, so a shared Redis is never written to by accident);
+//!   `--concurrency 64`; `--keys 10000` (allow and deny sets together); `--seconds 5`;
+//!   `--warmup-seconds 1`; `--deny 0.0` (0.0 to 1.0); `--prefix loadgen-<pid>-<ms>` (the key
+//!   prefix; new on every run, so the deny set starts from buckets this run emptied).
+//! - `--threads N`: tokio worker threads. The default is one per core; 1 runs everything on a
+//!   current-thread runtime, which leaves the other cores to a Redis on the same machine.
+//! - `--buffer N`: redis-rs's pipeline buffer (`set_pipeline_buffer_size`, 50 by default).
+//! - `--raw`: the same script and keys through redis-rs alone, with no store in between: what
+//!   the store adds on the client.
+//! - `--pipeline P`: the same script and keys the way `redis-benchmark -c C -P P` drives a
+//!   command: each of the C tasks has a TCP connection of its own and keeps P calls in flight,
+//!   written and read by hand. `--pipeline 1` is the figure to compare with `redis-benchmark
+//!   -P 1`, and `--pipeline 16` is the ceiling of this Redis for the script. (`redis-benchmark`
+//!   itself cannot send the script's argument: it is 56 bytes of packed doubles, and
+//!   `redis-benchmark` cuts every argument at its first zero byte.) It needs database 0 of a
+//!   Redis with no password.
+//! - `--deny-cache`: turns the store's local deny cache on. It is off by default here, so that
+//!   every decision measures the script.
+//! - `--flood N`: every decision on one key limited to N per second with a burst of N, instead
+//!   of the allow and deny sets. With the deny cache on, a flood far over its limit is answered
+//!   mostly in this process:
 //!
 //! ```sh
 //! cargo run --release --example loadgen -- --url redis://127.0.0.1:6390/ \
@@ -37,27 +50,27 @@
 //! ```text
 //! loadgen C=64 keys=10000 deny=0.00 secs=5.0 decisions=912345 denied=0.000 errors=0
 //!   rate=182469/s p50=342.1us p99=601.3us p999=812.0us redis_calls=912345
-//!   redis_usec_per_call=4.51
+//!   redis_usec_per_call=4.51 redis_calls_per_decision=1.0000 deny_cache=false raw=false
 //! ```
 //!
-//! (on one line), followed by `redis_calls_per_decision`. Latency is per decision, from the call to `acquire` to its answer, recorded
-//! in a log-linear histogram (64 steps per power of two, so quantiles are within 1.6 %).
-//! `redis_calls` and `redis_usec_per_call` are the server's `INFO commandstats` for `evalsha`
-//! and `eval` together,
-//! taken as the difference between before and after the measured run: the Redis CPU time per
-//! script call, which sets the ceiling of one Redis. Other clients of the same server count
-//! too, so measure on a Redis of your own.
+//! (on one line; `pipeline=P` is added with `--pipeline`). Latency is per decision, from the
+//! call to `acquire` to its answer (with `--pipeline`, from writing a batch to reading its last
+//! reply), recorded in a log-linear histogram (64 steps per power of two, so quantiles are
+//! within 1.6 %). `redis_calls` and `redis_usec_per_call` are the server's `INFO commandstats`
+//! for `evalsha` and `eval` together, taken as the difference between before and after the
+//! measured run: the Redis CPU time per script call, which sets the ceiling of one Redis. Other
+//! clients of the same server count too, so measure on a Redis of your own.
 //!
-//! The same script with the same arguments, straight from `redis-benchmark` (the arguments are
-//! op 1 = acquire, now in ms, tokens, interval in ms, burst, cost, max wait in ms):
+//! One comparison, in one run on one Redis:
 //!
 //! ```sh
-//! SHA=$(redis-cli -p 6390 SCRIPT LOAD "$(cat src/store/bucket.lua)")
-//! redis-benchmark -p 6390 -c 64 -n 1000000 -r 10000 -P 1 EVALSHA $SHA 1 bench:__rand_int__ \
-//!     1 1700000000000 4294967295 1000 4294967295 1 0
+//! for c in 1 16 64 256; do
+//!   for mode in "--pipeline 1" "--pipeline 16" "" "--threads 1" "--raw"; do
+//!     cargo run -q --release --example loadgen -- --url redis://127.0.0.1:6390/ \
+//!         --concurrency $c --seconds 3 $mode
+//!   done
+//! done
 //! ```
-//!
-//! Add `-P 16` for the pipelined ceiling.
 
 use std::error::Error;
 use std::sync::Arc;
@@ -69,7 +82,8 @@ use redis::aio::MultiplexedConnection;
 
 const USAGE: &str = "usage: loadgen --url redis://HOST:PORT/ [--concurrency 64] [--keys 10000] \
                      [--seconds 5] [--warmup-seconds 1] [--deny 0.0] [--prefix P] \
-                     [--deny-cache] [--flood PER_SECOND] [--raw] [--pipeline P] [--threads N]  \
+                     [--deny-cache] [--flood PER_SECOND] [--raw] [--pipeline P] [--threads N] \
+                     [--buffer N]  \
                      (REDIS_URL may name the Redis instead of --url)";
 
 /// Generous, so that a loaded Redis shows up as latency rather than as errors.
