@@ -6,6 +6,10 @@
 //!   measured number of decisions from its own starting point, so both go through every key
 //!   (throughput counts both threads).
 //!
+//! - `control/...`: what this machine allows two threads, for work that shares nothing: the
+//!   same 10,000-key decisions, each thread on a `MemoryStore` of its own (`own_store`), and a
+//!   loop of integer arithmetic that touches no memory (`arith`), each on one thread and on two.
+//!
 //! Every side admits every request (a rate no run can exhaust), so each measures its admit path,
 //! with the same keys (`client-<i>`) and the same rate. What each side pays per decision:
 //!
@@ -15,12 +19,16 @@
 //!   mirrors; a full `Decision` (wait, remaining tokens, reset). At this rate a bucket is full
 //!   again a millisecond after its decision, so each shard's once-a-second sweep drops it and
 //!   the next decision creates it again: that is part of what is measured.
+//! - `burstgate_quanta`: the same store on `QuantaClock`, the CPU's time-stamp counter read
+//!   through quanta (feature `quanta`): the clock governor uses by default.
 //! - `governor`: governor's default keyed limiter: a `DashMap` hashed with SipHash, an integer
 //!   GCRA on one atomic per key, and quanta's clock, which reads the CPU's time-stamp counter
-//!   directly (cheaper than `clock_gettime`; it needs `unsafe`, which this crate forbids).
-//!   The answer is admitted or not, with the earliest time to retry when not.
-//! - `governor_std`: the same limiter on governor's `SystemClock` (`SystemTime::now`): the
-//!   clock cost class `burstgate` pays, so this pair compares the rest.
+//!   directly (cheaper than `clock_gettime`). The answer is admitted or not, with the earliest
+//!   time to retry when not.
+//! - `governor_std`: the same limiter on governor's `SystemClock` (`SystemTime::now`).
+//!
+//! Like is compared with like: `burstgate_quanta` with `governor`, `burstgate` with
+//! `governor_std`.
 //!
 //! `cargo bench --all-features --bench governor`.
 
@@ -31,7 +39,7 @@ use std::sync::{Arc, Barrier};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant, SystemTime};
 
-use burstgate::{BucketKey, BucketStore, Limit, MemoryStore};
+use burstgate::{BucketKey, BucketStore, Clock, Limit, MemoryStore, QuantaClock};
 use criterion::{Criterion, Throughput};
 use governor::clock::SystemClock;
 use governor::middleware::NoOpMiddleware;
@@ -72,7 +80,7 @@ fn bucket_keys(names: &[String]) -> Vec<BucketKey> {
 
 /// `n` decisions on `store`, round robin over `keys` from `start`; a `MemoryStore` future is
 /// ready on its first poll, so no runtime is involved.
-fn burstgate_loop(store: &MemoryStore, keys: &[BucketKey], start: usize, n: u64) {
+fn burstgate_loop<C: Clock>(store: &MemoryStore<C>, keys: &[BucketKey], start: usize, n: u64) {
     let limit = limit();
     let mut cx = Context::from_waker(Waker::noop());
     for i in 0..n as usize {
@@ -141,6 +149,17 @@ fn bench(c: &mut Criterion) {
             })
         });
 
+        let store = MemoryStore::with_clock(QuantaClock::new());
+        let mut next = 0;
+        group.bench_function(format!("burstgate_quanta/{name}"), |b| {
+            b.iter_custom(|iters| {
+                let start = Instant::now();
+                burstgate_loop(&store, &keys, next, iters);
+                next = (next + iters as usize) % keys.len();
+                start.elapsed()
+            })
+        });
+
         let limiter = governor_limiter();
         let mut next = 0;
         group.bench_function(format!("governor/{name}"), |b| {
@@ -175,6 +194,14 @@ fn bench(c: &mut Criterion) {
             })
         })
     });
+    let store = MemoryStore::with_clock(QuantaClock::new());
+    group.bench_function("burstgate_quanta/10k_keys_2_threads", |b| {
+        b.iter_custom(|iters| {
+            two_threads(iters, |w, n| {
+                burstgate_loop(&store, &keys, w * MANY_KEYS / 2, n)
+            })
+        })
+    });
     let limiter = governor_limiter();
     group.bench_function("governor/10k_keys_2_threads", |b| {
         b.iter_custom(|iters| {
@@ -202,6 +229,62 @@ fn bench(c: &mut Criterion) {
         })
     });
     group.finish();
+    controls(c, &keys);
+}
+
+/// The same work on one thread and on two, with nothing shared between the threads: how much a
+/// second thread can add on this machine at all.
+fn controls(c: &mut Criterion, keys: &[BucketKey]) {
+    let mut group = c.benchmark_group("control");
+    group
+        .sample_size(20)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3));
+    let stores = [
+        MemoryStore::with_clock(QuantaClock::new()),
+        MemoryStore::with_clock(QuantaClock::new()),
+    ];
+
+    group.throughput(Throughput::Elements(1));
+    let mut next = 0;
+    group.bench_function("own_store/10k_keys", |b| {
+        b.iter_custom(|iters| {
+            let start = Instant::now();
+            burstgate_loop(&stores[0], keys, next, iters);
+            next = (next + iters as usize) % keys.len();
+            start.elapsed()
+        })
+    });
+    group.bench_function("arith", |b| {
+        b.iter_custom(|iters| {
+            let start = Instant::now();
+            arith_loop(iters);
+            start.elapsed()
+        })
+    });
+
+    group.throughput(Throughput::Elements(2));
+    group.bench_function("own_store/10k_keys_2_threads", |b| {
+        b.iter_custom(|iters| two_threads(iters, |w, n| burstgate_loop(&stores[w], keys, 0, n)))
+    });
+    group.bench_function("arith_2_threads", |b| {
+        b.iter_custom(|iters| two_threads(iters, |_, n| arith_loop(n)))
+    });
+    group.finish();
+}
+
+/// About as many dependent integer operations per iteration as a decision takes nanoseconds,
+/// and no memory traffic at all.
+fn arith_loop(n: u64) {
+    let mut x = black_box(0x9e37_79b9_7f4a_7c15_u64);
+    for _ in 0..n {
+        for _ in 0..16 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+        }
+        black_box(x);
+    }
 }
 
 fn main() {

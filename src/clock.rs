@@ -171,6 +171,98 @@ impl Clock for TokioClock {
     }
 }
 
+/// The CPU's time-stamp counter, read through [quanta], counted from the wall time at which the
+/// clock was created. Feature `quanta`.
+///
+/// Reading it costs a fraction of a [`SystemClock`] reading (no `clock_gettime`, no conversion
+/// of a `SystemTime`), which shows on [`MemoryStore`](crate::MemoryStore), where the clock is a
+/// large share of a decision. The price is that it is wall time only at the start: it reads
+/// [`SystemTime::now`] once, in [`new`](Self::new), and from then on adds the time the counter
+/// says has passed. It does not follow the wall clock when that is stepped or slewed (NTP, an
+/// operator), and the counter's rate is calibrated against the monotonic clock once per process,
+/// so it may drift from the wall clock by the calibration error (typically a few milliseconds a
+/// day, more on some virtual machines).
+///
+/// For a [`MemoryStore`](crate::MemoryStore) that is harmless: its buckets live in this process
+/// and only compare times read from the same clock. Times that come from outside do meet it:
+/// [`BucketStore::drain_until`](crate::BucketStore::drain_until) takes a wall-clock deadline,
+/// which ends early or late by the drift. Do not use it for a shared store: buckets shared across
+/// processes compare times from different clocks, which must all follow the wall clock
+/// ([`Clock`] explains the bound on skew).
+///
+/// Where the CPU has no usable counter, quanta falls back to the OS's monotonic clock, and this
+/// clock still counts from the wall time at creation. The first clock created in a process
+/// calibrates the counter, which takes up to a few hundred milliseconds; later ones, and clones,
+/// are cheap.
+///
+/// ```
+/// use std::time::{Duration, SystemTime, UNIX_EPOCH};
+/// use burstgate::{BucketKey, BucketStore, Clock, Limit, MemoryStore, QuantaClock};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let clock = QuantaClock::new();
+/// let wall = SystemTime::now().duration_since(UNIX_EPOCH)?;
+/// // Wall time when created (within a generous bound, for a busy machine).
+/// assert!(clock.now_ms().abs_diff(wall.as_millis() as u64) <= 100);
+///
+/// let store = MemoryStore::with_clock(clock);
+/// let limit = Limit::per_second(10)?;
+/// let key = BucketKey::new("api", "client-7")?;
+/// assert!(store.acquire(&key, limit, 1, Duration::ZERO).await?.is_admitted());
+/// # Ok(())
+/// # }
+/// ```
+///
+/// [quanta]: https://docs.rs/quanta
+#[cfg(feature = "quanta")]
+#[cfg_attr(docsrs, doc(cfg(feature = "quanta")))]
+#[derive(Debug, Clone)]
+pub struct QuantaClock {
+    counter: quanta::Clock,
+    /// The counter's raw reading when the clock was created.
+    start: u64,
+    /// Nanoseconds since the epoch at `start`.
+    origin_ns: u64,
+}
+
+#[cfg(feature = "quanta")]
+impl QuantaClock {
+    /// A clock that reads the wall time now and from then on advances with the CPU's counter.
+    pub fn new() -> Self {
+        let counter = quanta::Clock::new();
+        let start = counter.raw();
+        // Nanoseconds since the epoch fit a `u64` until the year 2554; a wall clock set before
+        // 1970 reads as the epoch, as for `SystemClock`.
+        let origin_ns = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+            .unwrap_or(0);
+        Self {
+            counter,
+            start,
+            origin_ns,
+        }
+    }
+}
+
+#[cfg(feature = "quanta")]
+impl Default for QuantaClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(feature = "quanta")]
+impl Clock for QuantaClock {
+    fn now_ms(&self) -> u64 {
+        // `delta_as_nanos` answers zero for a reading at or before `start` (a counter that
+        // differs between cores), so the clock never reads before its origin.
+        let passed = self.counter.delta_as_nanos(self.start, self.counter.raw());
+        self.origin_ns.saturating_add(passed) / 1_000_000
+    }
+}
+
 fn millis_since_epoch(t: SystemTime) -> u64 {
     // Whole seconds and whole milliseconds separately, in `u64`: the same saturating result as
     // `as_millis` without its `u128` arithmetic, on every decision's path.
@@ -222,6 +314,45 @@ mod tests {
         assert_eq!(c.now_ms(), 1_250);
         tokio::time::sleep(Duration::from_secs(60)).await;
         assert_eq!(c.now_ms(), 61_250);
+    }
+
+    /// Readings never go back on one thread, start at the wall time of creation, and keep up
+    /// with the wall clock over a short span.
+    #[cfg(feature = "quanta")]
+    #[test]
+    fn quanta_clock_is_anchored_to_the_wall_clock_and_monotonic() {
+        let before = millis_since_epoch(SystemTime::now());
+        let clock = QuantaClock::new();
+        let first = clock.now_ms();
+        let after = millis_since_epoch(SystemTime::now());
+        // Reading the counter and the wall clock at creation may fall either side of a
+        // millisecond, and the first reading comes a little after creation.
+        assert!(
+            before.saturating_sub(1) <= first && first <= after + 1,
+            "{before} <= {first} <= {after}"
+        );
+
+        let mut last = first;
+        let started = std::time::Instant::now();
+        while started.elapsed() < Duration::from_millis(300) {
+            let read = clock.now_ms();
+            assert!(read >= last, "went back from {last} to {read}");
+            last = read;
+        }
+        let wall = millis_since_epoch(SystemTime::now());
+        let read = clock.now_ms();
+        assert!(last > first, "did not advance in 300 ms");
+        assert!(
+            read.abs_diff(wall) <= 5,
+            "{read} vs the wall clock's {wall}"
+        );
+
+        // A clone reads the same clock, also from another thread.
+        let clone = clock.clone();
+        let there = std::thread::spawn(move || clone.now_ms())
+            .join()
+            .expect("the reading succeeds");
+        assert!(there >= read && there <= clock.now_ms());
     }
 
     #[test]

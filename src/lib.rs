@@ -157,6 +157,10 @@
 //! - [`TokioClock`]: wall time that advances with tokio's clock, so tests that wait can run
 //!   under `#[tokio::test(start_paused = true)]` and take no real time. Create it inside the
 //!   runtime.
+//! - [`QuantaClock`] (feature `quanta`): the CPU's time-stamp counter, counted from the wall
+//!   time at its creation. Cheaper to read than [`SystemClock`], which shows on a
+//!   [`MemoryStore`]; it does not follow later steps of the wall clock, so it is for buckets kept
+//!   in one process only.
 //!
 //! ```
 //! use std::time::Duration;
@@ -185,6 +189,7 @@
 //! | `tower`   | no      | The tower layer `RateLimitLayer` in [`layer`], for HTTP services (axum, hyper, tonic, tower-http clients). |
 //! | `axum`    | no      | Lets [`layer::KeyExtractor::peer_ip`] read axum's `ConnectInfo<SocketAddr>`; implies `tower`. |
 //! | `reqwest` | no      | The reqwest-middleware `RateLimitMiddleware` in [`middleware`], for clients of rate-limited APIs. |
+//! | `quanta`  | no      | [`QuantaClock`], a cheaper clock for [`MemoryStore`], on the quanta crate's CPU counter. |
 //! | `tls`     | no      | `rediss://` URLs for [`RedisStore`], through redis-rs's own rustls support with the ring crypto provider; implies `redis`. |
 //!
 //! Without any feature, the crate is [`MemoryStore`] and the types around it.
@@ -242,6 +247,9 @@ pub mod middleware;
 pub mod seller;
 mod store;
 
+#[cfg(feature = "quanta")]
+#[cfg_attr(docsrs, doc(cfg(feature = "quanta")))]
+pub use clock::QuantaClock;
 pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
 pub use error::RateLimited;
 pub use key::{BucketKey, InvalidKey};
