@@ -373,6 +373,36 @@ struct Tally {
     first_error: Option<String>,
 }
 
+impl Tally {
+    fn new() -> Self {
+        Self {
+            latencies: Histogram::new(),
+            denied: 0,
+            surprises: 0,
+            errors: 0,
+            first_error: None,
+        }
+    }
+
+    /// Counts one answer: admitted or not, or the error's text; `should_deny` is what the
+    /// decision's key set promises.
+    fn count(&mut self, answer: Result<bool, String>, should_deny: Option<bool>) {
+        match answer {
+            Ok(admitted) => {
+                let denied = !admitted;
+                self.denied += u64::from(denied);
+                self.surprises += u64::from(should_deny.is_some_and(|d| d != denied));
+            }
+            Err(message) => {
+                self.errors += 1;
+                if self.first_error.is_none() {
+                    self.first_error = Some(message);
+                }
+            }
+        }
+    }
+}
+
 /// One task: decisions back to back until `deadline`.
 /// What takes the decisions: the store, or (`--raw`) the same script through redis-rs alone.
 #[derive(Clone)]
@@ -465,13 +495,7 @@ async fn pipelined_worker(
     let mut stream = tokio::net::TcpStream::connect(addr).await?;
     stream.set_nodelay(true)?;
     let mut rng = Rng::new(seed);
-    let mut tally = Tally {
-        latencies: Histogram::new(),
-        denied: 0,
-        surprises: 0,
-        errors: 0,
-        first_error: None,
-    };
+    let mut tally = Tally::new();
     let mut out = Vec::with_capacity(depth * 256);
     let mut expected = Vec::with_capacity(depth);
     let mut input = Vec::with_capacity(depth * 64);
@@ -506,20 +530,11 @@ async fn pipelined_worker(
             match next_reply(&input[read..])? {
                 Some((reply, used)) => {
                     read += used;
-                    match reply {
-                        Ok(bytes) => {
-                            let denied = !allowed(bytes)?;
-                            tally.denied += u64::from(denied);
-                            tally.surprises +=
-                                u64::from(expected[parsed].is_some_and(|d| d != denied));
-                        }
-                        Err(message) => {
-                            tally.errors += 1;
-                            if tally.first_error.is_none() {
-                                tally.first_error = Some(message);
-                            }
-                        }
-                    }
+                    let answer = match reply {
+                        Ok(bytes) => Ok(allowed(bytes)?),
+                        Err(message) => Err(message),
+                    };
+                    tally.count(answer, expected[parsed]);
                     parsed += 1;
                 }
                 None => {
@@ -571,32 +586,14 @@ fn next_reply(buf: &[u8]) -> Result<Option<Parsed<'_>>, BoxError> {
 
 async fn worker(mut driver: Driver, work: Arc<Workload>, seed: u64, deadline: Instant) -> Tally {
     let mut rng = Rng::new(seed);
-    let mut tally = Tally {
-        latencies: Histogram::new(),
-        denied: 0,
-        surprises: 0,
-        errors: 0,
-        first_error: None,
-    };
+    let mut tally = Tally::new();
     let mut start = Instant::now();
     while start < deadline {
         let (key, limit, should_deny) = work.pick(&mut rng);
         let result = driver.decide(key, limit).await;
         let end = Instant::now();
         tally.latencies.record(end - start);
-        match result {
-            Ok(admitted) => {
-                let denied = !admitted;
-                tally.denied += u64::from(denied);
-                tally.surprises += u64::from(should_deny.is_some_and(|d| d != denied));
-            }
-            Err(e) => {
-                tally.errors += 1;
-                if tally.first_error.is_none() {
-                    tally.first_error = Some(e.to_string());
-                }
-            }
-        }
+        tally.count(result.map_err(|e| e.to_string()), should_deny);
         start = end;
     }
     tally
@@ -631,13 +628,7 @@ async fn round(
             }
         })
         .collect();
-    let mut all = Tally {
-        latencies: Histogram::new(),
-        denied: 0,
-        surprises: 0,
-        errors: 0,
-        first_error: None,
-    };
+    let mut all = Tally::new();
     for task in tasks {
         let tally = task.await??;
         all.latencies.merge(&tally.latencies);
