@@ -14,7 +14,7 @@
 -- truncates a returned Lua number to an integer). All times are whole milliseconds at most
 -- 2^53 - 1, exact in a double.
 --
--- Written for Redis's CPU time: one GET, then on a write one PSETEX, and nothing else. Measured
+-- Written for Redis's CPU time: one GET, then on a write one SET with PX, and nothing else. Measured
 -- with callgrind on redis-server, one packed argument instead of seven decimal ones saves a
 -- strtod per number and the growth of the ARGV table, and one string reply instead of an array
 -- saves Redis converting a Lua table. The script body runs as a new function on every call, so
@@ -80,9 +80,9 @@ if op == 1 then
       full = ts2 + e
     end
     -- Kept until full, plus one interval. '%d': a bare Lua number may reach Redis in exponent
-    -- form, which PSETEX refuses.
-    redis.call('PSETEX', key, string.format('%d', full - now + interval),
-      struct.pack('<dd', t2, ts2))
+    -- form, which PX refuses.
+    redis.call('SET', key, struct.pack('<dd', t2, ts2), 'PX',
+      string.format('%d', full - now + interval))
     local left = 0
     if t2 > 0 then left = math.floor(t2) end
     return struct.pack('<dddd', 1, wait, left, full - now)
@@ -118,8 +118,8 @@ elseif op == 3 or op == 4 then
     if x > ts2 then ts3 = x end
   end
   local full = ready_at(t2, ts3, capacity)
-  redis.call('PSETEX', key, string.format('%d', full - now + interval),
-    struct.pack('<dd', t2, ts3))
+  redis.call('SET', key, struct.pack('<dd', t2, ts3), 'PX',
+    string.format('%d', full - now + interval))
   local left = 0
   if t2 > 0 then left = math.floor(t2) end
   return struct.pack('<dddd', 1, 0, left, full - now)

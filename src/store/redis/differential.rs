@@ -340,8 +340,8 @@ const MUTANTS: &[(&str, &str)] = &[
     ("local t2 = avail - x - over", "local t2 = avail - x"),
     ("struct.pack('<dd', t2, ts2)", "struct.pack('<dd', ts2, t2)"),
     (
-        "string.format('%d', full - now + interval),\n      struct.pack('<dd', t2, ts2))",
-        "string.format('%d', full - now),\n      struct.pack('<dd', t2, ts2))",
+        "      string.format('%d', full - now + interval))",
+        "      string.format('%d', full - now))",
     ),
     (
         "while t2 + e * tokens / interval < capacity do e = e + 1 end",
@@ -393,8 +393,8 @@ const MUTANTS: &[(&str, &str)] = &[
     ("if x > ts2 then ts3 = x end", "ts3 = x"),
     ("struct.pack('<dd', t2, ts3)", "struct.pack('>dd', t2, ts3)"),
     (
-        "string.format('%d', full - now + interval),\n    struct.pack('<dd', t2, ts3))",
-        "string.format('%d', full - ts3 + interval),\n    struct.pack('<dd', t2, ts3))",
+        "\n    string.format('%d', full - now + interval))",
+        "\n    string.format('%d', full - ts3 + interval))",
     ),
     (
         "\n  if t2 > 0 then left = math.floor(t2) end",
