@@ -491,8 +491,8 @@ const PACKED_ARGS: usize = 7 * 8;
 
 impl Args {
     /// `ARGV[1]` as the script unpacks it: op, now, tokens, interval, capacity, x, max_wait.
-    /// Every value below 2^53 is exact; a larger one rounds to the nearest double, as the
-    /// decimal form used to under Lua's own parsing, and the script clamps it.
+    /// Every value below 2^53 is exact; a larger one rounds to the nearest double, the one
+    /// Lua's own parsing of the decimal number would give, and the script clamps it.
     fn pack(&self, now: u64) -> [u8; PACKED_ARGS] {
         let values = [
             self.op as u64,
