@@ -477,7 +477,7 @@ struct Args {
     max_wait: u64,
 }
 
-/// The script's operations, by the number it expects in `ARGV[1]`.
+/// The script's operations, by the first number packed into `ARGV[1]`.
 #[derive(Debug, Clone, Copy)]
 enum Op {
     Acquire = 1,
