@@ -40,7 +40,8 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant, SystemTime};
 
 use burstgate::{BucketKey, BucketStore, Clock, Limit, MemoryStore, QuantaClock};
-use criterion::{Criterion, Throughput};
+use criterion::measurement::WallTime;
+use criterion::{BenchmarkGroup, Criterion, Throughput};
 use governor::clock::SystemClock;
 use governor::middleware::NoOpMiddleware;
 use governor::state::keyed::DashMapStateStore;
@@ -102,6 +103,37 @@ fn governor_loop(check: impl Fn(&String) -> bool, keys: &[String], start: usize,
     }
 }
 
+/// Benchmarks `run(at, iters)` as `id`: each sample starts where the one before stopped in a
+/// rotation over `len` keys, so every key is decided as often as every other.
+fn rotating(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    id: &str,
+    len: usize,
+    run: impl Fn(usize, u64),
+) {
+    let mut next = 0;
+    group.bench_function(id, |b| {
+        b.iter_custom(|iters| {
+            let start = Instant::now();
+            run(next, iters);
+            next = (next + iters as usize) % len;
+            start.elapsed()
+        })
+    });
+}
+
+/// Benchmarks `run(at, iters)` as `id` on two threads at once, one starting at the first of the
+/// [`MANY_KEYS`] keys and one halfway, so both go through every key.
+fn from_two_halves(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    id: &str,
+    run: impl Fn(usize, u64) + Sync,
+) {
+    group.bench_function(id, |b| {
+        b.iter_custom(|iters| two_threads(iters, |w, n| run(w * MANY_KEYS / 2, n)))
+    });
+}
+
 /// Runs `work(worker, iters)` on two threads at once and returns the wall time.
 fn two_threads(iters: u64, work: impl Fn(usize, u64) + Sync) -> Duration {
     let barrier = Barrier::new(2);
@@ -139,94 +171,49 @@ fn bench(c: &mut Criterion) {
         group.throughput(Throughput::Elements(1));
 
         let store = MemoryStore::new();
-        let mut next = 0;
-        group.bench_function(format!("burstgate/{name}"), |b| {
-            b.iter_custom(|iters| {
-                let start = Instant::now();
-                burstgate_loop(&store, &keys, next, iters);
-                next = (next + iters as usize) % keys.len();
-                start.elapsed()
-            })
+        rotating(&mut group, &format!("burstgate/{name}"), count, |at, n| {
+            burstgate_loop(&store, &keys, at, n)
         });
-
         let store = MemoryStore::with_clock(QuantaClock::new());
-        let mut next = 0;
-        group.bench_function(format!("burstgate_quanta/{name}"), |b| {
-            b.iter_custom(|iters| {
-                let start = Instant::now();
-                burstgate_loop(&store, &keys, next, iters);
-                next = (next + iters as usize) % keys.len();
-                start.elapsed()
-            })
-        });
-
+        rotating(
+            &mut group,
+            &format!("burstgate_quanta/{name}"),
+            count,
+            |at, n| burstgate_loop(&store, &keys, at, n),
+        );
         let limiter = governor_limiter();
-        let mut next = 0;
-        group.bench_function(format!("governor/{name}"), |b| {
-            b.iter_custom(|iters| {
-                let start = Instant::now();
-                governor_loop(|k| limiter.check_key(k).is_ok(), &strings, next, iters);
-                next = (next + iters as usize) % strings.len();
-                start.elapsed()
-            })
+        rotating(&mut group, &format!("governor/{name}"), count, |at, n| {
+            governor_loop(|k| limiter.check_key(k).is_ok(), &strings, at, n)
         });
-
         let limiter = governor_std_limiter();
-        let mut next = 0;
-        group.bench_function(format!("governor_std/{name}"), |b| {
-            b.iter_custom(|iters| {
-                let start = Instant::now();
-                governor_loop(|k| limiter.check_key(k).is_ok(), &strings, next, iters);
-                next = (next + iters as usize) % strings.len();
-                start.elapsed()
-            })
-        });
+        rotating(
+            &mut group,
+            &format!("governor_std/{name}"),
+            count,
+            |at, n| governor_loop(|k| limiter.check_key(k).is_ok(), &strings, at, n),
+        );
     }
 
     let strings: Arc<[String]> = names(MANY_KEYS).into();
     let keys: Arc<[BucketKey]> = bucket_keys(&strings).into();
     group.throughput(Throughput::Elements(2));
     let store = MemoryStore::new();
-    group.bench_function("burstgate/10k_keys_2_threads", |b| {
-        b.iter_custom(|iters| {
-            two_threads(iters, |w, n| {
-                burstgate_loop(&store, &keys, w * MANY_KEYS / 2, n)
-            })
-        })
+    from_two_halves(&mut group, "burstgate/10k_keys_2_threads", |at, n| {
+        burstgate_loop(&store, &keys, at, n)
     });
     let store = MemoryStore::with_clock(QuantaClock::new());
-    group.bench_function("burstgate_quanta/10k_keys_2_threads", |b| {
-        b.iter_custom(|iters| {
-            two_threads(iters, |w, n| {
-                burstgate_loop(&store, &keys, w * MANY_KEYS / 2, n)
-            })
-        })
-    });
+    from_two_halves(
+        &mut group,
+        "burstgate_quanta/10k_keys_2_threads",
+        |at, n| burstgate_loop(&store, &keys, at, n),
+    );
     let limiter = governor_limiter();
-    group.bench_function("governor/10k_keys_2_threads", |b| {
-        b.iter_custom(|iters| {
-            two_threads(iters, |w, n| {
-                governor_loop(
-                    |k| limiter.check_key(k).is_ok(),
-                    &strings,
-                    w * MANY_KEYS / 2,
-                    n,
-                )
-            })
-        })
+    from_two_halves(&mut group, "governor/10k_keys_2_threads", |at, n| {
+        governor_loop(|k| limiter.check_key(k).is_ok(), &strings, at, n)
     });
     let limiter = governor_std_limiter();
-    group.bench_function("governor_std/10k_keys_2_threads", |b| {
-        b.iter_custom(|iters| {
-            two_threads(iters, |w, n| {
-                governor_loop(
-                    |k| limiter.check_key(k).is_ok(),
-                    &strings,
-                    w * MANY_KEYS / 2,
-                    n,
-                )
-            })
-        })
+    from_two_halves(&mut group, "governor_std/10k_keys_2_threads", |at, n| {
+        governor_loop(|k| limiter.check_key(k).is_ok(), &strings, at, n)
     });
     group.finish();
     controls(c, &keys);
@@ -246,14 +233,8 @@ fn controls(c: &mut Criterion, keys: &[BucketKey]) {
     ];
 
     group.throughput(Throughput::Elements(1));
-    let mut next = 0;
-    group.bench_function("own_store/10k_keys", |b| {
-        b.iter_custom(|iters| {
-            let start = Instant::now();
-            burstgate_loop(&stores[0], keys, next, iters);
-            next = (next + iters as usize) % keys.len();
-            start.elapsed()
-        })
+    rotating(&mut group, "own_store/10k_keys", keys.len(), |at, n| {
+        burstgate_loop(&stores[0], keys, at, n)
     });
     group.bench_function("arith", |b| {
         b.iter_custom(|iters| {
