@@ -407,29 +407,6 @@ impl Cluster {
         Err(last)
     }
 
-    /// Every key under `pattern` on node `index` alone (`SCAN` on that node).
-    pub fn keys_on(&self, index: usize, pattern: &str) -> Result<Vec<String>, String> {
-        let node = &self.nodes[index];
-        let mut conn = node.connection()?;
-        let mut cursor = 0u64;
-        let mut keys = Vec::new();
-        loop {
-            let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(pattern)
-                .arg("COUNT")
-                .arg(1000)
-                .query(&mut conn)
-                .map_err(|e| format!("{}: {e}", node.addr()))?;
-            keys.extend(batch);
-            if next == 0 {
-                return Ok(keys);
-            }
-            cursor = next;
-        }
-    }
-
     /// Moves `slot` from node `from` to node `to` by hand, keys included, as `redis-cli
     /// --cluster reshard` does: IMPORTING on the target, MIGRATING on the source, `MIGRATE`
     /// of the keys in batches of `batch`, then the new owner announced to every node. `pause`
