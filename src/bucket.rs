@@ -12,7 +12,9 @@
 //!   whole number of intervals refills a whole number of tokens exactly.
 //! - Waits are not a bare `ceil(deficit / rate)`: the estimate is corrected until it is the least
 //!   whole millisecond at which [`evaluate`] itself would admit. That is what makes "admitted at
-//!   `now + wait`, denied one millisecond earlier" hold exactly, whatever the rounding.
+//!   `now + wait`, denied one millisecond earlier" hold exactly, whatever the rounding. Because
+//!   the correction alone fixes the answer, the estimate is the one step free to differ from the
+//!   Lua: here it multiplies by a rate computed with the [`Params`], where the Lua divides.
 
 /// The largest time, in milliseconds since the Unix epoch, the arithmetic works with (2^53 − 1,
 /// about 285,000 years). Later times are clamped to it; every smaller time is an exact `f64`.
@@ -39,6 +41,21 @@ pub(crate) struct Params {
     pub(crate) tokens: f64,
     pub(crate) interval: f64,
     pub(crate) capacity: f64,
+    /// `interval / tokens`, for [`ready_at`]'s first estimate only. Dividing here, before a
+    /// decision reads its clock or locks its bucket, takes one division off the chain of
+    /// dependent ones that each decision waits for.
+    ms_per_token: f64,
+}
+
+impl Params {
+    pub(crate) fn new(tokens: f64, interval: f64, capacity: f64) -> Self {
+        Self {
+            tokens,
+            interval,
+            capacity,
+            ms_per_token: interval / tokens,
+        }
+    }
 }
 
 /// What one call decided, in whole milliseconds and whole tokens.
@@ -54,18 +71,24 @@ pub(crate) struct Outcome {
     pub(crate) reset: u64,
 }
 
-/// The state to store after a call that writes, with the key's time to live.
+/// The state to store after a call that writes.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Write {
     pub(crate) state: State,
     /// When the bucket is full again, in milliseconds since the epoch; from then on the state
     /// says nothing a missing one would not, and can be dropped.
     pub(crate) full: f64,
-    /// Milliseconds: until the bucket is full again, plus one interval of margin.
-    pub(crate) ttl: u64,
 }
 
 impl Write {
+    /// The key's time to live in milliseconds, as the script sets it for a write at `now`: until
+    /// the bucket is full again, plus one interval of margin. `MemoryStore` drops buckets by
+    /// [`full`](Self::full) instead, so only the tests that check the script need it.
+    #[cfg(test)]
+    pub(crate) fn ttl(&self, p: &Params, now: u64) -> u64 {
+        whole(self.full - time(now) + p.interval)
+    }
+
     /// What the script answers for a refund or a drain that wrote `self` at `now`.
     #[cfg(all(test, feature = "redis"))]
     pub(crate) fn outcome(&self, now: u64) -> Outcome {
@@ -97,9 +120,12 @@ pub(crate) fn time(ms: u64) -> f64 {
     }
 }
 
-/// Converts a whole, non-negative `f64` millisecond count back to `u64` (saturating).
+/// Converts a whole, non-negative `f64` millisecond count back to `u64` (saturating, and zero
+/// for anything not above zero).
 fn whole(ms: f64) -> u64 {
-    ms as u64
+    // Through `i64`, a conversion is one instruction and a check; straight to `u64` it also
+    // splits at 2^63, which no count here reaches (they stay below 2^54).
+    if ms > 0.0 { ms as i64 as u64 } else { 0 }
 }
 
 /// Tokens refilled over `elapsed` milliseconds, before the cap.
@@ -113,8 +139,10 @@ fn ready_at(p: &Params, t: f64, ts: f64, target: f64) -> f64 {
     if t >= target {
         return ts;
     }
-    let mut e = ((target - t) * p.interval / p.tokens).ceil();
-    // The estimate is off by at most one either way; walk it to the exact answer.
+    let mut e = ((target - t) * p.ms_per_token).ceil();
+    // The estimate is off by at most one either way; walk it to the exact answer. `t +
+    // refill(e)` never falls as `e` grows (every rounding step is monotonic), so the walk ends
+    // on the least `e` from any start, and the answer is the Lua's whatever the estimate.
     while t + refill(p, e) < target {
         e += 1.0;
     }
@@ -136,13 +164,11 @@ fn available(p: &Params, state: Option<State>, now: f64) -> (State, f64, f64) {
     (s, avail, max(s.ts, now))
 }
 
-/// The write for a new state: the key lives until the bucket is full, plus one interval.
-fn write(p: &Params, t: f64, ts: f64, now: f64) -> Write {
-    let full = ready_at(p, t, ts, p.capacity);
+/// The write for a new state.
+fn write(p: &Params, t: f64, ts: f64) -> Write {
     Write {
         state: State { t, ts },
-        full,
-        ttl: whole(full - now + p.interval),
+        full: ready_at(p, t, ts, p.capacity),
     }
 }
 
@@ -179,7 +205,7 @@ pub(crate) fn evaluate(
         (ready - now, over)
     };
     if wait <= max_wait {
-        let w = write(p, avail - cost - over, ts, now);
+        let w = write(p, avail - cost - over, ts);
         let outcome = Outcome {
             allowed: true,
             wait: whole(wait),
@@ -222,7 +248,7 @@ pub(crate) fn peek(p: &Params, state: Option<State>, now: u64) -> Outcome {
 pub(crate) fn refund(p: &Params, state: Option<State>, now: u64, cost: f64) -> Write {
     let now = time(now);
     let (_, avail, ts) = available(p, state, now);
-    write(p, min(p.capacity, avail + cost), ts, now)
+    write(p, min(p.capacity, avail + cost), ts)
 }
 
 /// Empties the bucket until `until`: nothing is available before it, and refill starts there.
@@ -230,7 +256,7 @@ pub(crate) fn refund(p: &Params, state: Option<State>, now: u64, cost: f64) -> W
 pub(crate) fn drain_until(p: &Params, state: Option<State>, now: u64, until: u64) -> Write {
     let now = time(now);
     let (_, avail, ts) = available(p, state, now);
-    write(p, min(avail, 0.0), max(ts, time(until)), now)
+    write(p, min(avail, 0.0), max(ts, time(until)))
 }
 
 #[cfg(test)]

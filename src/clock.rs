@@ -264,15 +264,16 @@ impl Clock for QuantaClock {
 }
 
 fn millis_since_epoch(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).map(whole_ms).unwrap_or(0)
+}
+
+/// Whole milliseconds in `d`, saturating at `u64::MAX`.
+pub(crate) fn whole_ms(d: Duration) -> u64 {
     // Whole seconds and whole milliseconds separately, in `u64`: the same saturating result as
     // `as_millis` without its `u128` arithmetic, on every decision's path.
-    t.duration_since(UNIX_EPOCH)
-        .map(|d| {
-            d.as_secs()
-                .saturating_mul(1_000)
-                .saturating_add(u64::from(d.subsec_millis()))
-        })
-        .unwrap_or(0)
+    d.as_secs()
+        .saturating_mul(1_000)
+        .saturating_add(u64::from(d.subsec_millis()))
 }
 
 /// Milliseconds since the epoch for a deadline, rounded up so a drain never ends early.

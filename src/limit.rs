@@ -161,11 +161,11 @@ impl Limit {
     }
 
     pub(crate) fn params(&self) -> Params {
-        Params {
-            tokens: f64::from(self.tokens),
-            interval: self.interval_ms() as f64,
-            capacity: f64::from(self.burst),
-        }
+        Params::new(
+            f64::from(self.tokens),
+            self.interval_ms() as f64,
+            f64::from(self.burst),
+        )
     }
 }
 

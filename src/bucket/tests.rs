@@ -298,7 +298,7 @@ proptest! {
                 prop_assert!(w.state.t.is_finite() && w.state.ts.is_finite() && w.full.is_finite());
                 prop_assert!(w.state.t <= p.capacity);
                 prop_assert!(w.state.ts <= MAX_TIME as f64 && w.state.ts == w.state.ts.trunc());
-                prop_assert!(w.ttl >= limit.interval_ms());
+                prop_assert!(w.ttl(&p, now) >= limit.interval_ms());
                 state = Some(w.state);
             }
         }
@@ -308,11 +308,9 @@ proptest! {
 #[test]
 fn a_stale_clock_refills_nothing_and_never_moves_time_back() {
     let limit = Limit::per_second(1).and_then(|l| l.with_burst(2));
-    let p = limit.map(|l| l.params()).unwrap_or(Params {
-        tokens: 1.0,
-        interval: 1000.0,
-        capacity: 2.0,
-    });
+    let p = limit
+        .map(|l| l.params())
+        .unwrap_or(Params::new(1.0, 1000.0, 2.0));
     let (_, w) = evaluate(&p, None, 10_000, 2.0, 0);
     let state = w.map(|w| w.state);
     // A worker 5 s behind sees an empty bucket, not one refilled by 5 s of negative time.
@@ -325,11 +323,7 @@ fn a_stale_clock_refills_nothing_and_never_moves_time_back() {
 
 #[test]
 fn drain_blocks_until_the_deadline_then_refills() {
-    let p = Params {
-        tokens: 1.0,
-        interval: 1000.0,
-        capacity: 10.0,
-    };
+    let p = Params::new(1.0, 1000.0, 10.0);
     let w = drain_until(&p, None, 0, 2_000);
     let state = Some(w.state);
     let (o, _) = evaluate(&p, state, 1_999, 1.0, 0);
@@ -338,16 +332,12 @@ fn drain_blocks_until_the_deadline_then_refills() {
     let (o, _) = evaluate(&p, state, 3_000, 1.0, 0);
     assert!(o.allowed);
     // The key outlives the drain: until full (2 s + 10 s) plus an interval.
-    assert_eq!(w.ttl, 13_000);
+    assert_eq!(w.ttl(&p, 0), 13_000);
 }
 
 #[test]
 fn refund_never_exceeds_capacity() {
-    let p = Params {
-        tokens: 1.0,
-        interval: 1000.0,
-        capacity: 3.0,
-    };
+    let p = Params::new(1.0, 1000.0, 3.0);
     let (_, w) = evaluate(&p, None, 0, 1.0, 0);
     let w = refund(&p, w.map(|w| w.state), 0, 3.0);
     assert_eq!(w.state.t, 3.0);

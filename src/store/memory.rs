@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 use hashbrown::{DefaultHashBuilder, HashTable};
 
 use crate::bucket::{self, State, Write};
-use crate::clock::{Clock, SystemClock, deadline_ms};
+use crate::clock::{Clock, SystemClock, deadline_ms, whole_ms};
 use crate::store::{BucketStore, Decision, Quota, StoreError, check_cost};
 use crate::{BucketKey, Limit};
 
@@ -282,7 +282,7 @@ impl<C: Clock> BucketStore for MemoryStore<C> {
         max_wait: Duration,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
         let result = check_cost(&limit, cost).map(|cost| {
-            let max_wait = u64::try_from(max_wait.as_millis()).unwrap_or(u64::MAX);
+            let max_wait = whole_ms(max_wait);
             let p = limit.params();
             let outcome = self.with_bucket(key, |state, now| {
                 bucket::evaluate(&p, state, now, cost, max_wait)

@@ -9,7 +9,7 @@ use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 
 use crate::bucket::{Outcome, State};
-use crate::clock::{Clock, SystemClock, deadline_ms};
+use crate::clock::{Clock, SystemClock, deadline_ms, whole_ms};
 use crate::store::{
     BackendError, BucketStore, Decision, MemoryStore, Quota, StoreError, check_cost,
 };
@@ -637,7 +637,7 @@ where
         max_wait: Duration,
     ) -> Result<Decision, StoreError> {
         let cost_f = check_cost(&limit, cost)?;
-        let max_wait_ms = u64::try_from(max_wait.as_millis()).unwrap_or(u64::MAX);
+        let max_wait_ms = whole_ms(max_wait);
         let now = self.clock.now_ms();
         if let Some(cache) = &self.deny
             && let Some(outcome) = cache.check(key, limit, now, cost_f, max_wait_ms)

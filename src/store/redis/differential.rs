@@ -227,9 +227,9 @@ async fn trace(
                 reply.state
             ));
         }
-        match write {
-            Some(w) if !(w.ttl as i64 - slack..=w.ttl as i64).contains(&pttl) => {
-                return Err(format!("{log}  ttl: reference {}, lua {pttl}", w.ttl));
+        match write.map(|w| w.ttl(&p, now)) {
+            Some(ttl) if !(ttl as i64 - slack..=ttl as i64).contains(&pttl) => {
+                return Err(format!("{log}  ttl: reference {ttl}, lua {pttl}"));
             }
             // Every earlier write was made persistent: a TTL now means this step wrote.
             None if pttl >= 0 => {
