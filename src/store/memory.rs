@@ -13,6 +13,16 @@ use crate::clock::{Clock, SystemClock, deadline_ms, whole_ms};
 use crate::store::{BucketStore, Decision, Quota, StoreError, check_cost};
 use crate::{BucketKey, Limit};
 
+/// Shards per thread the machine can run. A decision finds its shard locked about as often as
+/// the other threads, each holding some lock about half of the time, pick the same shard: with
+/// 32 per thread, about one decision in a hundred. On two threads, 64 shards against 16 also made
+/// single-thread decisions over 10k keys about 10% faster and two-thread ones about 6% (see the
+/// `governor` bench). Each shard costs 128 bytes while empty.
+const SHARDS_PER_THREAD: usize = 32;
+
+/// The fewest shards a store has.
+const MIN_SHARDS: usize = 64;
+
 /// How often, at most, a shard that is in use drops its full buckets.
 const SWEEP_EVERY_MS: f64 = 1_000.0;
 
@@ -22,7 +32,7 @@ const MIN_SWEEP_LEN: usize = 64;
 /// Buckets in this process's memory: the embedded default, and the store for unit tests.
 ///
 /// Decisions are exact under any contention: each bucket is read and written under the lock of
-/// its shard, and buckets are spread over many shards (a power of two, at least 16, sized to the
+/// its shard, and buckets are spread over many shards (a power of two, at least 64, sized to the
 /// machine's parallelism), so threads seldom wait on each other. Cloning is cheap and clones share
 /// the buckets.
 ///
@@ -150,7 +160,9 @@ impl<C: Clock> MemoryStore<C> {
     /// An empty store that reads the time from `clock`.
     pub fn with_clock(clock: C) -> Self {
         let parallelism = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let count = (parallelism * 4).next_power_of_two().max(16);
+        let count = (parallelism * SHARDS_PER_THREAD)
+            .next_power_of_two()
+            .max(MIN_SHARDS);
         let shards = (0..count)
             .map(|_| {
                 Padded(Mutex::new(Shard {
