@@ -343,3 +343,17 @@ fn refund_never_exceeds_capacity() {
     assert_eq!(w.state.t, 3.0);
     assert_eq!(w.full, 0.0);
 }
+
+proptest! {
+    /// The inlined ceiling agrees with `f64::ceil` on every positive estimate `ready_at` can
+    /// meet, whole or not, small or past 2^52.
+    #[test]
+    fn estimate_ceil_is_ceil(x in prop_oneof![
+        0.0f64..1.0,
+        1.0f64..1e6,
+        (1u64..1 << 53).prop_map(|n| n as f64),
+        1e15f64..1e300,
+    ]) {
+        prop_assert_eq!(estimate_ceil(x).to_bits(), x.ceil().to_bits());
+    }
+}
