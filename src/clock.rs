@@ -101,7 +101,7 @@ impl ManualClock {
 
     /// Moves the time forward by `by`, in whole milliseconds (rounded down), saturating.
     pub fn advance(&self, by: Duration) {
-        let by = u64::try_from(by.as_millis()).unwrap_or(u64::MAX);
+        let by = whole_ms(by);
         // `fetch_update` with a closure that always returns `Some` cannot fail.
         let _ = self
             .ms
@@ -166,7 +166,7 @@ impl Default for TokioClock {
 
 impl Clock for TokioClock {
     fn now_ms(&self) -> u64 {
-        let passed = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let passed = whole_ms(self.start.elapsed());
         self.origin_ms.saturating_add(passed)
     }
 }

@@ -5,6 +5,8 @@ use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
+use crate::clock::whole_ms;
+
 /// What a [`RedisStore`](super::RedisStore) answers when Redis cannot decide: the call failed, it
 /// timed out, or the circuit breaker is open.
 ///
@@ -164,7 +166,7 @@ impl Circuit {
 
     /// Redis failed or did not answer in time.
     pub(super) fn failure(&self, pass: Pass, now: u64, error: &dyn std::fmt::Display) {
-        let open_for = u64::try_from(self.config.open_for.as_millis()).unwrap_or(u64::MAX);
+        let open_for = whole_ms(self.config.open_for);
         let until = now.saturating_add(open_for).max(1);
         if pass == Pass::Probe {
             self.open_until.store(until, Ordering::Release);
