@@ -24,7 +24,11 @@
 //!   prefix; new on every run, so the deny set starts from buckets this run emptied).
 //! - `--threads N`: tokio worker threads. The default is one per core; 1 runs everything on a
 //!   current-thread runtime, which leaves the other cores to a Redis on the same machine.
-//! - `--buffer N`: redis-rs's pipeline buffer (`set_pipeline_buffer_size`, 50 by default).
+//! - `--buffer N`: redis-rs's pipeline buffer (`set_pipeline_buffer_size`): how many calls the
+//!   connection takes before it writes them, and so how many go to Redis in one write. The
+//!   default here is half of `--concurrency` (at least 1), which splits the tasks into two groups
+//!   that Redis and the client serve in turn; `--buffer 50` is redis-rs's own default, under
+//!   which all the tasks move as one group. See the README's "Redis speed".
 //! - `--raw`: the same script and keys through redis-rs alone, with no store in between: what
 //!   the store adds on the client.
 //! - `--pipeline P`: the same script and keys the way `redis-benchmark -c C -P P` drives a
@@ -51,9 +55,10 @@
 //! loadgen C=64 keys=10000 deny=0.00 secs=5.0 decisions=912345 denied=0.000 errors=0
 //!   rate=182469/s p50=342.1us p99=601.3us p999=812.0us redis_calls=912345
 //!   redis_usec_per_call=4.51 redis_calls_per_decision=1.0000 deny_cache=false raw=false
+//!   buffer=32
 //! ```
 //!
-//! (on one line; `pipeline=P` is added with `--pipeline`). Latency is per decision, from the
+//! (on one line; with `--pipeline`, `pipeline=P` takes the place of `buffer=N`). Latency is per decision, from the
 //! call to `acquire` to its answer (with `--pipeline`, from writing a batch to reading its last
 //! reply), recorded in a log-linear histogram (64 steps per power of two, so quantiles are
 //! within 1.6 %). `redis_calls` and `redis_usec_per_call` are the server's `INFO commandstats`
@@ -65,7 +70,8 @@
 //!
 //! ```sh
 //! for c in 1 16 64 256; do
-//!   for mode in "--pipeline 1" "--pipeline 16" "" "--threads 1" "--raw"; do
+//!   for mode in "--pipeline 1" "--pipeline 16" "--threads 1" "--threads 1 --buffer 50" \
+//!       "--threads 1 --raw"; do
 //!     cargo run -q --release --example loadgen -- --url redis://127.0.0.1:6390/ \
 //!         --concurrency $c --seconds 3 $mode
 //!   done
@@ -105,6 +111,13 @@ struct Args {
     threads: usize,
     pipeline: Option<usize>,
     buffer: Option<usize>,
+}
+
+impl Args {
+    /// `--buffer`, or half the tasks: two groups, each written while Redis serves the other.
+    fn buffer(&self) -> usize {
+        self.buffer.unwrap_or((self.concurrency / 2).max(1))
+    }
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -172,6 +185,9 @@ fn parse_args() -> Result<Args, String> {
     }
     if args.concurrency == 0 {
         return Err("--concurrency must be at least 1".into());
+    }
+    if args.buffer == Some(0) {
+        return Err("--buffer must be at least 1".into());
     }
     if !(0.0..=1.0).contains(&args.deny) {
         return Err("--deny must be between 0.0 and 1.0".into());
@@ -726,9 +742,7 @@ fn main() -> Result<(), BoxError> {
 async fn run(args: Args) -> Result<(), BoxError> {
     let client = redis::Client::open(args.url.as_str())?;
     let mut config = AsyncConnectionConfig::new().set_response_timeout(Some(RESPONSE_TIMEOUT));
-    if let Some(size) = args.buffer {
-        config = config.set_pipeline_buffer_size(size);
-    }
+    config = config.set_pipeline_buffer_size(args.buffer());
     let mut conn = client
         .get_multiplexed_async_connection_with_config(&config)
         .await?;
@@ -833,7 +847,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
         },
         match args.pipeline {
             Some(p) => format!(" pipeline={p}"),
-            None => String::new(),
+            None => format!(" buffer={}", args.buffer()),
         },
     );
 
