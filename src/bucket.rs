@@ -82,15 +82,18 @@ pub(crate) struct Write {
 
 impl Write {
     /// The key's time to live in milliseconds, as the script sets it for a write at `now`: until
-    /// the bucket is full again, plus one interval of margin. `MemoryStore` drops buckets by
-    /// [`full`](Self::full) instead, so only the tests that check the script need it.
+    /// the bucket is full again, plus one interval of margin; after a plain admission the script
+    /// counts from its first estimate of the refill time instead, at most 1 ms off. `MemoryStore`
+    /// drops buckets by [`full`](Self::full), so only the tests that check the script need it.
     #[cfg(test)]
     pub(crate) fn ttl(&self, p: &Params, now: u64) -> u64 {
         whole(self.full - time(now) + p.interval)
     }
 
-    /// What the script answers for a refund or a drain that wrote `self` at `now`.
-    #[cfg(all(test, feature = "redis"))]
+    /// What the script answers for a refund or a drain that wrote `self` at `now`, and what an
+    /// admission with no wait answers: the script sends only the state it stored then, and
+    /// the caller works this out from it.
+    #[cfg(feature = "redis")]
     pub(crate) fn outcome(&self, now: u64) -> Outcome {
         Outcome {
             allowed: true,
@@ -176,7 +179,7 @@ fn available(p: &Params, state: Option<State>, now: f64) -> (State, f64, f64) {
 }
 
 /// The write for a new state.
-fn write(p: &Params, t: f64, ts: f64) -> Write {
+pub(crate) fn write(p: &Params, t: f64, ts: f64) -> Write {
     Write {
         state: State { t, ts },
         full: ready_at(p, t, ts, p.capacity),

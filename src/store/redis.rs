@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 
-use crate::bucket::{Outcome, State};
+use crate::bucket::{self, MAX_TIME, Outcome, State};
 use crate::clock::{Clock, SystemClock, deadline_ms, whole_ms};
 use crate::store::{
     BackendError, BucketStore, Decision, MemoryStore, Quota, StoreError, check_cost,
@@ -315,7 +315,7 @@ where
         match tokio::time::timeout(self.timeout, call).await {
             Ok(Ok(value)) => {
                 self.circuit.success(pass);
-                parse_reply(&value).map_err(Failure::Fatal)
+                parse_reply(&value, &args, now).map_err(Failure::Fatal)
             }
             Ok(Err(e)) if e.code() == Some("WRONGTYPE") => {
                 // Redis answered: it is up, the data is wrong.
@@ -534,9 +534,11 @@ struct Reply {
     state: Option<State>,
 }
 
-/// The script's reply: `allowed, wait, remaining, reset` as four little-endian `f64`s holding
+/// The script's reply to a call made with `args` at `now`. After an acquire admitted with no
+/// wait, the 16-byte value the script stored, from which the outcome follows by the same
+/// arithmetic. Otherwise `allowed, wait, remaining, reset` as four little-endian `f64`s holding
 /// whole numbers, and after a denial the 16-byte stored value.
-fn parse_reply(value: &Value) -> Result<Reply, StoreError> {
+fn parse_reply(value: &Value, args: &Args, now: u64) -> Result<Reply, StoreError> {
     let bad = || {
         StoreError::Backend(BackendError::new(
             "the bucket script answered something other than a bucket's decision",
@@ -546,6 +548,23 @@ fn parse_reply(value: &Value) -> Result<Reply, StoreError> {
     let Value::BulkString(bytes) = value else {
         return Err(bad());
     };
+    if bytes.len() == 16 {
+        let p = args.limit.params();
+        let state = decode(bytes).ok_or_else(bad)?;
+        // What a plain admission can store: what was left after the cost, and the later of
+        // the stored time and now. Checked, since the walk to the refill time assumes it.
+        let sound = matches!(args.op, Op::Acquire)
+            && (0.0..=p.capacity).contains(&state.t)
+            && (bucket::time(now)..=MAX_TIME as f64).contains(&state.ts)
+            && state.ts.fract() == 0.0;
+        if !sound {
+            return Err(bad());
+        }
+        return Ok(Reply {
+            outcome: bucket::write(&p, state.t, state.ts).outcome(now),
+            state: None,
+        });
+    }
     let (numbers, rest) = bytes.split_first_chunk::<32>().ok_or_else(bad)?;
     let mut whole = [0u64; 4];
     for (w, chunk) in whole.iter_mut().zip(numbers.chunks_exact(8)) {
@@ -805,9 +824,81 @@ mod reply_tests {
         Value::BulkString(bytes)
     }
 
+    const NOW: u64 = 1_700_000_000_000;
+
+    /// An acquire of 1 on 10 per second, burst 10.
+    fn acquire() -> Args {
+        Args {
+            op: Op::Acquire,
+            limit: Limit::per_second(10).expect("a limit"),
+            x: 1,
+            max_wait: 0,
+        }
+    }
+
+    fn state(t: f64, ts: f64) -> Value {
+        Value::BulkString([t.to_le_bytes(), ts.to_le_bytes()].concat())
+    }
+
+    #[test]
+    fn an_admission_with_no_wait_is_worked_out_from_the_state_it_stored() {
+        // 9.5 tokens stored at now: 9 whole left, and the half token missing refills in 50 ms.
+        let admit = parse_reply(&state(9.5, NOW as f64), &acquire(), NOW).expect("parses");
+        let expected = Outcome {
+            allowed: true,
+            wait: 0,
+            remaining: 9,
+            reset: 50,
+        };
+        assert_eq!(
+            admit,
+            Reply {
+                outcome: expected,
+                state: None
+            }
+        );
+        // Stored ahead of this process's clock (another's ran ahead): reset counts from now.
+        let ahead = parse_reply(&state(10.0, (NOW + 30) as f64), &acquire(), NOW).expect("parses");
+        assert_eq!(ahead.outcome.reset, 30);
+        assert_eq!(ahead.outcome.remaining, 10);
+    }
+
+    #[test]
+    fn a_stored_state_no_plain_admission_could_leave_is_a_backend_error() {
+        let bad = [
+            state(-0.5, NOW as f64),
+            state(10.5, NOW as f64),
+            state(f64::NAN, NOW as f64),
+            state(-f64::INFINITY, NOW as f64),
+            state(1.0, (NOW - 1) as f64),
+            state(1.0, NOW as f64 + 0.5),
+            state(1.0, f64::INFINITY),
+            state(1.0, 9_007_199_254_740_992.0),
+        ];
+        for value in bad {
+            assert!(
+                matches!(
+                    parse_reply(&value, &acquire(), NOW),
+                    Err(StoreError::Backend(_))
+                ),
+                "{value:?}"
+            );
+        }
+        // Only an acquire answers with the state alone.
+        let peek = Args {
+            op: Op::Peek,
+            ..acquire()
+        };
+        assert!(matches!(
+            parse_reply(&state(1.0, NOW as f64), &peek, NOW),
+            Err(StoreError::Backend(_))
+        ));
+    }
+
     #[test]
     fn an_admission_and_a_denial_with_its_state_parse() {
-        let admit = parse_reply(&packed([1.0, 0.0, 9.0, 1500.0], b"")).expect("parses");
+        let admit =
+            parse_reply(&packed([1.0, 0.0, 9.0, 1500.0], b""), &acquire(), NOW).expect("parses");
         assert_eq!(
             admit,
             Reply {
@@ -822,8 +913,12 @@ mod reply_tests {
         );
         let mut state = 0.25f64.to_le_bytes().to_vec();
         state.extend_from_slice(&1_700_000_000_123f64.to_le_bytes());
-        let deny = parse_reply(&packed([0.0, 250.0, 0.0, 9_007_199_254_740_991.0], &state))
-            .expect("parses");
+        let deny = parse_reply(
+            &packed([0.0, 250.0, 0.0, 9_007_199_254_740_991.0], &state),
+            &acquire(),
+            NOW,
+        )
+        .expect("parses");
         assert!(!deny.outcome.allowed);
         assert_eq!(deny.outcome.wait, 250);
         assert_eq!(deny.outcome.reset, 9_007_199_254_740_991);
@@ -877,6 +972,8 @@ mod reply_tests {
             ]),
             Value::Int(1),
             Value::Nil,
+            Value::BulkString(vec![0; 15]),
+            Value::BulkString(vec![0; 17]),
             Value::BulkString(vec![0; 31]),
             Value::BulkString(vec![0; 33]),
             Value::BulkString(vec![0; 47]),
@@ -890,7 +987,10 @@ mod reply_tests {
         ];
         for value in bad {
             assert!(
-                matches!(parse_reply(&value), Err(StoreError::Backend(_))),
+                matches!(
+                    parse_reply(&value, &acquire(), NOW),
+                    Err(StoreError::Backend(_))
+                ),
                 "{value:?}"
             );
         }

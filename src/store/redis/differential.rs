@@ -2,7 +2,8 @@
 //!
 //! Random traces (limits, times with skew, costs, reservations, refunds, drains) run through
 //! `bucket.rs` and through the script. After every step the two must give the same answer, the
-//! same stored state to the last bit of each `f64`, and the same TTL; a step that must not write
+//! same stored state to the last bit of each `f64`, and the same TTL (after a plain admission,
+//! the one the script sets from its first estimate of the refill time); a step that must not write
 //! must leave the key untouched. The mutation test then edits single lines of the script's
 //! arithmetic and stored encoding, and checks that the same traces catch every edit.
 
@@ -146,98 +147,188 @@ async fn trace(
                 (Op::Acquire, cost, max_wait)
             }
         };
-        let (expected, write) = match op {
-            Op::Acquire => bucket::evaluate(&p, state, now, cost_f, max_wait),
-            Op::Peek => (bucket::peek(&p, state, now), None),
-            Op::Refund => {
-                let w = bucket::refund(&p, state, now, cost_f);
-                (w.outcome(now), Some(w))
-            }
-            Op::Drain => {
-                let w = bucket::drain_until(&p, state, now, x);
-                (w.outcome(now), Some(w))
-            }
-        };
-        if let Some(w) = write {
-            state = Some(w.state);
-        }
-        let args = Args {
-            op,
-            limit,
-            x,
-            max_wait,
-        };
         let _ = writeln!(
             log,
             "  step {step}: {op:?} now={now} x={x} max_wait={max_wait}"
         );
-        // One transaction, so the key cannot expire between the script and the reads, and the
-        // TTL is read at the time the script set it.
-        let mut pipe = redis::pipe();
-        pipe.atomic()
-            .cmd("EVALSHA")
-            .arg(lua.get_hash())
-            .arg(1)
+        let step = Step {
+            now,
+            op,
+            x,
+            max_wait,
+        };
+        check_step(conn, lua, key, limit, &mut state, step, &log).await?;
+    }
+    Ok(())
+}
+
+/// One operation of a trace, at `now`: x is the cost for acquire and refund, the deadline for
+/// drain.
+#[derive(Clone, Copy)]
+struct Step {
+    now: u64,
+    op: Op,
+    x: u64,
+    max_wait: u64,
+}
+
+/// Runs one step through the reference, whose state `state` it updates, and through `lua` on
+/// `key`, and describes the first difference after `log`, the trace so far.
+async fn check_step(
+    conn: &mut MultiplexedConnection,
+    lua: &redis::Script,
+    key: &str,
+    limit: Limit,
+    state: &mut Option<State>,
+    Step {
+        now,
+        op,
+        x,
+        max_wait,
+    }: Step,
+    log: &str,
+) -> Result<(), String> {
+    let p = limit.params();
+    let (expected, write) = match op {
+        Op::Acquire => bucket::evaluate(&p, *state, now, x as f64, max_wait),
+        Op::Peek => (bucket::peek(&p, *state, now), None),
+        Op::Refund => {
+            let w = bucket::refund(&p, *state, now, x as f64);
+            (w.outcome(now), Some(w))
+        }
+        Op::Drain => {
+            let w = bucket::drain_until(&p, *state, now, x);
+            (w.outcome(now), Some(w))
+        }
+    };
+    if let Some(w) = write {
+        *state = Some(w.state);
+    }
+    let args = Args {
+        op,
+        limit,
+        x,
+        max_wait,
+    };
+    // One transaction, so the key cannot expire between the script and the reads, and the
+    // TTL is read at the time the script set it.
+    let mut pipe = redis::pipe();
+    pipe.atomic()
+        .cmd("EVALSHA")
+        .arg(lua.get_hash())
+        .arg(1)
+        .arg(key)
+        .arg(&args.pack(now)[..])
+        .cmd("GET")
+        .arg(key)
+        .cmd("PTTL")
+        .arg(key)
+        .cmd("PERSIST")
+        .arg(key);
+    type Reply = (redis::Value, Option<Vec<u8>>, i64, i64);
+    let sent = std::time::Instant::now();
+    let (reply, value, pttl, _): Reply = pipe
+        .query_async(conn)
+        .await
+        .map_err(|e| format!("{log}  redis: {e}"))?;
+    // PEXPIRE and PTTL each read Redis's clock; no more time than the whole round trip can
+    // pass between them.
+    let slack = sent.elapsed().as_millis() as i64 + 1;
+    let reply = super::parse_reply(&reply, &args, now).map_err(|e| format!("{log}  reply: {e}"))?;
+    let got = reply.outcome;
+    if got != expected {
+        return Err(format!(
+            "{log}  outcome: reference {expected:?}, lua {got:?}"
+        ));
+    }
+    let stored = match value.as_deref().map(decode) {
+        None => None,
+        Some(Some(state)) => Some(state),
+        Some(None) => return Err(format!("{log}  unparsable state {value:?}")),
+    };
+    let same = |a: Option<State>, b: Option<State>| match (a, b) {
+        (None, None) => true,
+        (Some(a), Some(b)) => a.t.to_bits() == b.t.to_bits() && a.ts.to_bits() == b.ts.to_bits(),
+        _ => false,
+    };
+    if !same(*state, stored) {
+        return Err(format!("{log}  state: reference {state:?}, lua {stored:?}"));
+    }
+    // A denial carries the state it denied on (nothing was written, so it is the state now);
+    // nothing else carries one.
+    let denied = matches!(op, Op::Acquire) && !got.allowed;
+    let carried = if denied { *state } else { None };
+    if !same(carried, reply.state) {
+        return Err(format!(
+            "{log}  carried state: reference {carried:?}, lua {:?}",
+            reply.state
+        ));
+    }
+    // After a plain admission the script sets the TTL from the first estimate of the refill
+    // time, computed as the script computes it.
+    let plain = matches!(op, Op::Acquire) && expected.allowed && expected.wait == 0;
+    let ttl = |w: bucket::Write| {
+        if plain {
+            let e = ((p.capacity - w.state.t) * p.interval / p.tokens).ceil();
+            (w.state.ts + e - bucket::time(now) + p.interval) as i64
+        } else {
+            w.ttl(&p, now) as i64
+        }
+    };
+    match write.map(ttl) {
+        Some(ttl) if !(ttl - slack..=ttl).contains(&pttl) => {
+            return Err(format!("{log}  ttl: reference {ttl}, lua {pttl}"));
+        }
+        // Every earlier write was made persistent: a TTL now means this step wrote.
+        None if pttl >= 0 => {
+            return Err(format!(
+                "{log}  a step that must not write set a ttl of {pttl}"
+            ));
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Fixed traces at rounding corners of the refill time after a plain admission, which random
+/// traces reach only now and then: an acquire of 1 from a full bucket, then one more after
+/// `elapsed` ms. In the first two the first estimate of the refill time is one too low, in the
+/// third one too high, and only the walk after it finds the answer.
+const CORNERS: &[(u32, u64, u32, u64)] = &[
+    // (tokens, interval in ms, burst, elapsed)
+    (1, 15, 2, 8),
+    (2, 792, 2, 122),
+    (1, 15, 3, 10),
+];
+
+/// Runs the [`CORNERS`] through the reference and through `lua`, and describes the first
+/// disagreement.
+async fn corners(
+    conn: &mut MultiplexedConnection,
+    lua: &redis::Script,
+    key: &str,
+) -> Result<(), String> {
+    for &(tokens, interval, burst, elapsed) in CORNERS {
+        let limit = Limit::new(tokens, std::time::Duration::from_millis(interval))
+            .and_then(|l| l.with_burst(burst))
+            .map_err(|e| e.to_string())?;
+        let _: () = redis::cmd("DEL")
             .arg(key)
-            .arg(&args.pack(now)[..])
-            .cmd("GET")
-            .arg(key)
-            .cmd("PTTL")
-            .arg(key)
-            .cmd("PERSIST")
-            .arg(key);
-        type Reply = (redis::Value, Option<Vec<u8>>, i64, i64);
-        let sent = std::time::Instant::now();
-        let (reply, value, pttl, _): Reply = pipe
             .query_async(conn)
             .await
-            .map_err(|e| format!("{log}  redis: {e}"))?;
-        // PEXPIRE and PTTL each read Redis's clock; no more time than the whole round trip can
-        // pass between them.
-        let slack = sent.elapsed().as_millis() as i64 + 1;
-        let reply = super::parse_reply(&reply).map_err(|e| format!("{log}  reply: {e}"))?;
-        let got = reply.outcome;
-        if got != expected {
-            return Err(format!(
-                "{log}  outcome: reference {expected:?}, lua {got:?}"
-            ));
-        }
-        let stored = match value.as_deref().map(decode) {
-            None => None,
-            Some(Some(state)) => Some(state),
-            Some(None) => return Err(format!("{log}  unparsable state {value:?}")),
-        };
-        let same = |a: Option<State>, b: Option<State>| match (a, b) {
-            (None, None) => true,
-            (Some(a), Some(b)) => {
-                a.t.to_bits() == b.t.to_bits() && a.ts.to_bits() == b.ts.to_bits()
-            }
-            _ => false,
-        };
-        if !same(state, stored) {
-            return Err(format!("{log}  state: reference {state:?}, lua {stored:?}"));
-        }
-        // A denial carries the state it denied on (nothing was written, so it is the state now);
-        // nothing else carries one.
-        let denied = matches!(op, Op::Acquire) && !got.allowed;
-        let carried = if denied { state } else { None };
-        if !same(carried, reply.state) {
-            return Err(format!(
-                "{log}  carried state: reference {carried:?}, lua {:?}",
-                reply.state
-            ));
-        }
-        match write.map(|w| w.ttl(&p, now)) {
-            Some(ttl) if !(ttl as i64 - slack..=ttl as i64).contains(&pttl) => {
-                return Err(format!("{log}  ttl: reference {ttl}, lua {pttl}"));
-            }
-            // Every earlier write was made persistent: a TTL now means this step wrote.
-            None if pttl >= 0 => {
-                return Err(format!(
-                    "{log}  a step that must not write set a ttl of {pttl}"
-                ));
-            }
-            _ => {}
+            .map_err(|e| e.to_string())?;
+        let mut state = None;
+        let mut log = format!("corner, limit {limit:?}\n");
+        let start = 1_700_000_000_000;
+        for now in [start, start + elapsed] {
+            let _ = writeln!(log, "  acquire 1 at {now}");
+            let step = Step {
+                now,
+                op: Op::Acquire,
+                x: 1,
+                max_wait: 0,
+            };
+            check_step(conn, lua, key, limit, &mut state, step, &log).await?;
         }
     }
     Ok(())
@@ -280,6 +371,9 @@ async fn lua_and_reference_agree_bit_for_bit() {
         "the store runs this same script"
     );
     let key = format!("{}:v2:diff:k", redis_server::unique_prefix());
+    if let Err(e) = corners(&mut conn, &lua, &key).await {
+        panic!("the Lua script and bucket.rs disagree:\n{e}");
+    }
     for seed in 0..traces() {
         if let Err(e) = trace(&mut conn, &lua, &key, seed).await {
             panic!("the Lua script and bucket.rs disagree:\n{e}");
@@ -325,44 +419,51 @@ const MUTANTS: &[(&str, &str)] = &[
     ),
     ("if not (avail < capacity) then avail = capacity end", ""),
     ("if now > ts then ts2 = now end", "ts2 = now"),
-    // acquire
+    // acquire: the plain admission
+    (
+        "if op == 1 and avail >= x then",
+        "if op == 1 and avail >= x - 1 then",
+    ),
+    ("local t2 = avail - x", "local t2 = avail"),
+    (
+        "local e = (capacity - t2) * interval / tokens",
+        "local e = capacity * interval / tokens",
+    ),
+    (
+        "local stored2 = struct.pack('<dd', t2, ts2)",
+        "local stored2 = struct.pack('<dd', ts2, t2)",
+    ),
+    (
+        "string.format('%d', ts2 + e - now + interval))",
+        "string.format('%d', ts2 + e - now))",
+    ),
+    (
+        "string.format('%d', ts2 + e - now + interval))",
+        "string.format('%d', e + interval))",
+    ),
+    ("return stored2", "return struct.pack('<dd', t2 + 1, ts2)"),
+    // acquire: a wait, or a denial
     ("if max_wait > MAX_WAIT then max_wait = MAX_WAIT end", ""),
     (
-        "    local ready = ready_at(t, ts, x)",
-        "    local ready = ready_at(t, ts2, x)",
+        "  local ready = ready_at(t, ts, x)",
+        "  local ready = ready_at(t, ts2, x)",
     ),
     (
-        "over = t + (ready - ts) * tokens / interval - capacity",
-        "over = 0",
+        "local over = t + (ready - ts) * tokens / interval - capacity",
+        "local over = 0",
     ),
     ("if not (over > 0) then over = 0 end", ""),
-    ("if wait <= max_wait then", "if wait < max_wait then"),
-    ("local t2 = avail - x - over", "local t2 = avail - x"),
-    ("struct.pack('<dd', t2, ts2)", "struct.pack('<dd', ts2, t2)"),
     (
-        "      string.format('%d', full - now + interval))",
-        "      string.format('%d', full - now))",
+        "if not (wait <= max_wait) then",
+        "if not (wait < max_wait) then",
     ),
     (
-        "while t2 + e * tokens / interval < capacity do e = e + 1 end",
-        "",
+        "t2, ts3 = avail - x - over, ts2",
+        "t2, ts3 = avail - x, ts2",
     ),
     (
-        "while e > 0 and t2 + (e - 1) * tokens / interval >= capacity do e = e - 1 end",
-        "",
-    ),
-    ("full = ts2 + e", "full = ts + e"),
-    (
-        "return struct.pack('<dddd', 1, wait, left, full - now)",
-        "return struct.pack('<dddd', 1, left, wait, full - now)",
-    ),
-    (
-        "\n    if t2 > 0 then left = math.floor(t2) end",
-        "\n    if t2 > 0 then left = math.ceil(t2) end",
-    ),
-    (
-        "if avail > 0 then left = math.floor(avail) end\n  return struct.pack('<dddd', 0,",
-        "if t > 0 then left = math.floor(t) end\n  return struct.pack('<dddd', 0,",
+        "if avail > 0 then left = avail - avail % 1 end\n    return struct.pack('<dddd', 0,",
+        "if t > 0 then left = t - t % 1 end\n    return struct.pack('<dddd', 0,",
     ),
     (
         "return struct.pack('<dddd', 0, wait, left, ready_at(t, ts, capacity) - now) .. stored",
@@ -386,19 +487,24 @@ const MUTANTS: &[(&str, &str)] = &[
         "ready_at(t, ts, capacity) - now) .. stored",
         "ready_at(t, ts, capacity) - now)",
     ),
-    // refund and drain
+    // refund and drain, and the write they share with an admission after a wait
     ("if not (t2 < capacity) then t2 = capacity end", ""),
+    ("ts3, wait = ts2, 0", "ts3, wait = ts2, 1"),
     ("if x > MAX_TIME then x = MAX_TIME end", ""),
     ("if avail > 0 then t2 = 0 end", "t2 = 0"),
     ("if x > ts2 then ts3 = x end", "ts3 = x"),
     ("struct.pack('<dd', t2, ts3)", "struct.pack('>dd', t2, ts3)"),
     (
-        "\n    string.format('%d', full - now + interval))",
-        "\n    string.format('%d', full - ts3 + interval))",
+        "ts3), 'PX', string.format('%d', full - now + interval))",
+        "ts3), 'PX', string.format('%d', full - ts3 + interval))",
     ),
     (
-        "\n  if t2 > 0 then left = math.floor(t2) end",
-        "\n  if t2 > 0 then left = math.ceil(t2) end",
+        "if t2 > 0 then left = t2 - t2 % 1 end",
+        "if t2 > 0 then left = t2 - t2 % 1 + 1 end",
+    ),
+    (
+        "return struct.pack('<dddd', 1, wait, left, full - now)",
+        "return struct.pack('<dddd', 1, left, wait, full - now)",
     ),
 ];
 
@@ -415,6 +521,16 @@ async fn every_single_line_mutant_of_the_script_is_caught() {
             "mutant no longer applies: {from}"
         );
         let lua = load(&mut conn, &source.replacen(from, to, 1)).await;
+        let original = load(&mut conn, source).await;
+        if corners(&mut conn, &lua, &key).await.is_err() {
+            let clean = corners(&mut conn, &original, &key).await;
+            assert!(
+                clean.is_ok(),
+                "the unmutated script fails the corners: {clean:?}"
+            );
+            let _ = writeln!(report, "caught at the corners: {from:?} -> {to:?}");
+            continue;
+        }
         let mut caught = None;
         for seed in 0..traces() {
             if trace(&mut conn, &lua, &key, seed).await.is_err() {
@@ -424,7 +540,6 @@ async fn every_single_line_mutant_of_the_script_is_caught() {
         }
         match caught {
             Some(seed) => {
-                let original = load(&mut conn, source).await;
                 let clean = trace(&mut conn, &original, &key, seed).await;
                 assert!(
                     clean.is_ok(),
