@@ -483,9 +483,13 @@ fn pack_args(now: u64, limit: Limit) -> [u8; 56] {
     packed
 }
 
-/// Whether the script's reply (four little-endian `f64`s, then the stored state on a denial)
-/// admitted.
+/// Whether the script's reply admitted: the 16-byte stored state after an admission with no
+/// wait, otherwise four little-endian `f64`s, the first 1 for an admission, then the stored
+/// state on a denial.
 fn allowed(reply: &[u8]) -> Result<bool, BoxError> {
+    if reply.len() == 16 {
+        return Ok(true);
+    }
     match reply.first_chunk::<8>().map(|b| f64::from_le_bytes(*b)) {
         Some(1.0) => Ok(true),
         Some(0.0) => Ok(false),
