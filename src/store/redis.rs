@@ -83,7 +83,8 @@ fn script() -> &'static redis::Script {
 ///
 /// [`RedisStore::connect`] opens a [`ConnectionManager`](redis::aio::ConnectionManager) set up
 /// for this store: it reconnects in the background after a failure, retrying at least every
-/// 200 ms, so decisions resume soon after Redis is back.
+/// 200 ms, so decisions resume soon after Redis is back. Its pipeline buffer of 8 calls, and how
+/// to size your own, are in [`connect`](Self::connect)'s documentation.
 ///
 /// # When Redis fails
 ///
