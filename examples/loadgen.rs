@@ -483,11 +483,11 @@ fn pack_args(now: u64, limit: Limit) -> [u8; 56] {
     packed
 }
 
-/// Whether the script's reply admitted: the 16-byte stored state after an admission with no
+/// Whether the script's reply admitted: the 24-byte stored state after an admission with no
 /// wait, otherwise four little-endian `f64`s, the first 1 for an admission, then the stored
 /// state on a denial.
 fn allowed(reply: &[u8]) -> Result<bool, BoxError> {
-    if reply.len() == 16 {
+    if reply.len() == 24 {
         return Ok(true);
     }
     match reply.first_chunk::<8>().map(|b| f64::from_le_bytes(*b)) {

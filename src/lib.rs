@@ -74,13 +74,14 @@
 //!   full one.
 //! - [`RedisStore`] (feature `redis`) keeps them in Redis, so every process that reaches the same
 //!   Redis spends the same budget. It works on a `MultiplexedConnection`, a reconnecting
-//!   `ConnectionManager` or a Redis Cluster connection. Each bucket is one 16-byte string, `t`
-//!   and `ts` as two little-endian `f64`s, under the key `<prefix>:v2:<bucket>:<key>` (prefix
-//!   `burstgate` by default, `v2` the version of the stored format; `v1` hashes from earlier
-//!   builds are never read and expire by their own TTL), read and written by one Lua script: one
-//!   `GET`, and one `SET ... PX` when the state changes. Every write sets the key's TTL to the
-//!   time the bucket needs to refill to full, plus one interval; an idle bucket simply expires,
-//!   and the next request sees a full bucket, which is what it would have computed anyway.
+//!   `ConnectionManager` or a Redis Cluster connection. Each bucket is one 24-byte string, `t`,
+//!   `ts` and `keep` as three little-endian `f64`s, under the key `<prefix>:v3:<bucket>:<key>`
+//!   (prefix `burstgate` by default, `v3` the version of the stored format; `v1` and `v2` keys
+//!   from earlier builds are never read and expire by their own TTL), read and written by one
+//!   Lua script: one `GET`, and one `SET` when the state changes. Every write keeps the key at
+//!   least until the bucket is full again plus one interval, mostly by leaving its expiry as it
+//!   is (`KEEPTTL`); an idle bucket simply expires, and the next request sees a full bucket,
+//!   which is what it would have computed anyway.
 //!
 //! The key part of a [`BucketKey`] is percent-escaped, so it cannot break out of the namespace or
 //! collide with another, and hashed when long; [`BucketKey::hashed`] always hashes, for secrets

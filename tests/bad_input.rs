@@ -409,13 +409,13 @@ mod keys {
         let keys = [
             (
                 key("ns", "a}{b:c\nd"),
-                format!("{prefix}:v2:ns:a%7D%7Bb%3Ac%0Ad"),
+                format!("{prefix}:v3:ns:a%7D%7Bb%3Ac%0Ad"),
             ),
-            (key("ns", "{slot}"), format!("{prefix}:v2:ns:%7Bslot%7D")),
-            (key("ns", binary), format!("{prefix}:v2:ns:%00%FF%7B%7D")),
+            (key("ns", "{slot}"), format!("{prefix}:v3:ns:%7Bslot%7D")),
+            (key("ns", binary), format!("{prefix}:v3:ns:%00%FF%7B%7D")),
             (
                 key("ns", &huge),
-                format!("{prefix}:v2:ns:#{}", sha256_hex(&huge)),
+                format!("{prefix}:v3:ns:#{}", sha256_hex(&huge)),
             ),
         ];
         let mut expected = Vec::new();

@@ -304,7 +304,7 @@ async fn reshard_under_load(
             .expect("a GET on the new owner");
         assert_eq!(
             held.map(|v| v.len()),
-            Some(16),
+            Some(24),
             "{name} (slot {}) is not on {}",
             m.slot,
             node.addr()

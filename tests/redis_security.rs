@@ -70,7 +70,7 @@ mod auth {
             .expect("decides");
         assert!(!fourth.is_admitted());
         let mut check = conn.clone();
-        assert_eq!(all_keys(&mut check).await, ["auth:v2:orders:seller-1"]);
+        assert_eq!(all_keys(&mut check).await, ["auth:v3:orders:seller-1"]);
 
         // The store's Debug output names its prefix and clock, never the connection or its URL.
         let printed = format!("{store:?}");
@@ -132,7 +132,7 @@ mod keys {
                 .iter()
                 .map(|b| format!("{b:02x}"))
                 .collect();
-            let redis_key = format!("burstgate:v2:orders:#{hex}");
+            let redis_key = format!("burstgate:v3:orders:#{hex}");
             assert_eq!(store.redis_key(&key), redis_key);
             assert!(!format!("{key:?} {key}").contains("tok"), "{key:?}");
             store
@@ -156,8 +156,8 @@ mod keys {
                 .query_async(&mut c)
                 .await
                 .expect("GET");
-            // Two f64s and nothing else: no room for the caller's bytes.
-            assert_eq!(value.len(), 16, "{key}");
+            // Three f64s and nothing else: no room for the caller's bytes.
+            assert_eq!(value.len(), 24, "{key}");
             for secret in &secrets {
                 assert!(!key.contains(secret.as_str()), "{key}");
                 for fragment in ["eyJhbGci", "sk_live", "token-", "tok"] {
@@ -313,7 +313,7 @@ mod tls {
         let mut check = conn.clone();
         assert_eq!(
             all_keys(&mut check).await,
-            ["burstgate:v2:orders:seller-tls"]
+            ["burstgate:v3:orders:seller-tls"]
         );
 
         // The same server without the CA: the system roots do not know it, so the handshake

@@ -37,7 +37,7 @@ async fn a_bucket_is_one_string_under_a_versioned_prefix_with_a_refill_ttl() {
         .expect("a valid prefix")
         .with_clock(clock.clone());
     let key = BucketKey::new("orders", "seller:1").expect("a valid key");
-    let redis_key = format!("{prefix}:v2:orders:seller%3A1");
+    let redis_key = format!("{prefix}:v3:orders:seller%3A1");
     assert_eq!(store.redis_key(&key), redis_key);
 
     store
@@ -51,28 +51,41 @@ async fn a_bucket_is_one_string_under_a_versioned_prefix_with_a_refill_ttl() {
         .await
         .expect("TYPE");
     assert_eq!(kind, "string");
-    // `t` then `ts`, each an f64, little-endian.
+    // `t`, `ts` and `keep`, each an f64, little-endian. Three tokens refill in three minutes;
+    // the key is needed until then plus one interval, and kept one interval longer, so that
+    // the writes of that interval can leave its expiry alone.
     let value: Vec<u8> = c.get(&redis_key).await.expect("GET");
-    let mut expected = 7.0_f64.to_le_bytes().to_vec();
-    expected.extend_from_slice(&1_700_000_000_000.0_f64.to_le_bytes());
+    let expected: Vec<u8> = [7.0, 1_700_000_000_000.0, 1_700_000_300_000.0_f64]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
     assert_eq!(value, expected);
-    // Three tokens to refill at one a minute, plus one interval of margin.
     let pttl: i64 = c.pttl(&redis_key).await.expect("PTTL");
-    assert!((239_000..=240_000).contains(&pttl), "{pttl}");
+    assert!((299_000..=300_000).contains(&pttl), "{pttl}");
 
-    // A plain denial writes nothing: the TTL set by the last write stays as it was.
+    // A write whose bucket is full again within the kept time keeps the expiry (KEEPTTL): the
+    // key, made persistent here, stays so.
     let _: bool = c.persist(&redis_key).await.expect("PERSIST");
-    store
-        .acquire(&key, orders(), 7, ZERO)
-        .await
-        .expect("decides");
     let d = store
         .acquire(&key, orders(), 1, ZERO)
         .await
         .expect("decides");
-    assert!(!d.is_admitted());
+    assert!(d.is_admitted());
     let pttl: i64 = c.pttl(&redis_key).await.expect("PTTL");
-    assert!(pttl > 0, "the admit wrote a TTL");
+    assert_eq!(
+        pttl, -1,
+        "a write within the kept time must keep the expiry"
+    );
+    // One that needs longer sets a new one: six more tokens take six minutes to refill.
+    let d = store
+        .acquire(&key, orders(), 6, ZERO)
+        .await
+        .expect("decides");
+    assert!(d.is_admitted());
+    let pttl: i64 = c.pttl(&redis_key).await.expect("PTTL");
+    assert!((719_000..=720_000).contains(&pttl), "{pttl}");
+
+    // A plain denial writes nothing.
     let _: bool = c.persist(&redis_key).await.expect("PERSIST");
     let d = store
         .acquire(&key, orders(), 1, ZERO)
@@ -81,6 +94,8 @@ async fn a_bucket_is_one_string_under_a_versioned_prefix_with_a_refill_ttl() {
     assert!(!d.is_admitted());
     let pttl: i64 = c.pttl(&redis_key).await.expect("PTTL");
     assert_eq!(pttl, -1, "a denial must not write");
+    let value: Vec<u8> = c.get(&redis_key).await.expect("GET");
+    assert_eq!(value.len(), 24);
 
     // An expired bucket is a full one.
     let _: () = c.del(&redis_key).await.expect("DEL");

@@ -23,11 +23,15 @@ pub use outage::{Breaker, OutagePolicy};
 use outage::{Circuit, Pass};
 
 /// The version of the stored format, part of every key: a change of the stored type moves to new
-/// keys instead of meeting old values. 1 was a hash `{t, ts}` with decimal fields; 2 is one
-/// 16-byte string, the two `f64`s little-endian.
-const FORMAT: u32 = 2;
+/// keys instead of meeting old values. 1 was a hash `{t, ts}` with decimal fields; 2 one 16-byte
+/// string, `t` and `ts` as little-endian `f64`s; 3 is one 24-byte string, the same two numbers
+/// and then the time until which the key is kept.
+const FORMAT: u32 = 3;
 /// What goes between the prefix and the bucket in every key: the format version.
-const FORMAT_PART: &str = ":v2:";
+const FORMAT_PART: &str = ":v3:";
+
+/// The length of a stored value: three `f64`s.
+const STATE_LEN: usize = 24;
 
 const DEFAULT_PREFIX: &str = "burstgate";
 
@@ -44,9 +48,10 @@ fn script() -> &'static redis::Script {
 
 /// Buckets in Redis, shared by every process that reaches it.
 ///
-/// Each bucket is one Redis string of 16 bytes: `t` (tokens available at `ts`) then `ts`
-/// (milliseconds since the Unix epoch), each an IEEE 754 `f64`, little-endian, as Lua's
-/// `struct.pack('<dd', t, ts)` writes them. One Lua script reads and writes it, mirroring the
+/// Each bucket is one Redis string of 24 bytes: `t` (tokens available at `ts`), `ts`
+/// (milliseconds since the Unix epoch) and `keep` (until when the key is kept, on the same
+/// clock), each an IEEE 754 `f64`, little-endian, as Lua's `struct.pack('<ddd', t, ts, keep)`
+/// writes them. One Lua script reads and writes it, mirroring the
 /// crate's reference arithmetic to the last bit. The script runs with `EVALSHA`; after a
 /// `NOSCRIPT` (a restart, a failover, `SCRIPT FLUSH`) the call is repeated once as `EVAL` with
 /// the script's source, which also loads it into that server's script cache. Both are routed by
@@ -54,8 +59,8 @@ fn script() -> &'static redis::Script {
 /// a cluster a node that is down cannot keep the script from loading on the others. The time is
 /// the store's [`Clock`], passed to the script, never Redis's `TIME`.
 ///
-/// A decision costs Redis one `GET`, and, when it admits (or refunds, or drains), one
-/// `SET ... PX` that writes the state and its expiry together; a plain denial writes nothing. The
+/// A decision costs Redis one `GET`, and, when it admits (or refunds, or drains), one `SET` that
+/// writes the state with its expiry; a plain denial writes nothing. The
 /// raw bytes round-trip every `f64` exactly with no decimal formatting or parsing on either side.
 /// Against format 1 (a hash written with `HSET` and `PEXPIRE`, its fields as `%.17g` text) this
 /// cut the script's Redis CPU time (`INFO commandstats`, `usec_per_call` for `evalsha`) by about
@@ -63,14 +68,17 @@ fn script() -> &'static redis::Script {
 ///
 /// # Keys
 ///
-/// `<prefix>:v2:<bucket>:<key>`, with the prefix `burstgate` unless set with
+/// `<prefix>:v3:<bucket>:<key>`, with the prefix `burstgate` unless set with
 /// [`with_prefix`](Self::with_prefix), and the key escaped or hashed as [`BucketKey`] describes.
-/// The `v2` is the stored format's version, so a bucket written by an earlier build (`v1`, a
-/// hash) is never read as this one: it is simply left alone and expires by its own TTL. Every
-/// write sets an integer expiry (`PX`) of the time to refill the bucket to full plus one
-/// interval: an idle bucket expires, and the next call sees a full bucket, which is what it would
-/// have computed anyway. A key under the prefix that holds anything else (another type, or a
-/// string that is not 16 bytes) is reported as [`StoreError::WrongType`], naming the key.
+/// The `v3` is the stored format's version, so a bucket written by an earlier build (`v1`, a
+/// hash, or `v2`, 16 bytes) is never read as this one: it is simply left alone and expires by
+/// its own TTL. Every write keeps the key at least until the bucket is full again plus one
+/// interval: when the stored `keep` already covers that, the write keeps the key's expiry
+/// (`KEEPTTL`); otherwise it sets `keep` one interval further and the expiry to match (`PX`), so
+/// that most writes leave Redis's expiry alone. An idle bucket expires, and the next call sees a
+/// full bucket, which is what it would have computed anyway. A key under the prefix that holds
+/// anything else (another type, or a string that is not 24 bytes) is reported as
+/// [`StoreError::WrongType`], naming the key.
 ///
 /// # Connections
 ///
@@ -536,9 +544,9 @@ struct Reply {
 }
 
 /// The script's reply to a call made with `args` at `now`. After an acquire admitted with no
-/// wait, the 16-byte value the script stored, from which the outcome follows by the same
+/// wait, the 24-byte value the script stored, from which the outcome follows by the same
 /// arithmetic. Otherwise `allowed, wait, remaining, reset` as four little-endian `f64`s holding
-/// whole numbers, and after a denial the 16-byte stored value.
+/// whole numbers, and after a denial the 24-byte stored value.
 fn parse_reply(value: &Value, args: &Args, now: u64) -> Result<Reply, StoreError> {
     let bad = || {
         StoreError::Backend(BackendError::new(
@@ -549,7 +557,7 @@ fn parse_reply(value: &Value, args: &Args, now: u64) -> Result<Reply, StoreError
     let Value::BulkString(bytes) = value else {
         return Err(bad());
     };
-    if bytes.len() == 16 {
+    if bytes.len() == STATE_LEN {
         let p = args.limit.params();
         let state = decode(bytes).ok_or_else(bad)?;
         // What a plain admission can store: what was left after the cost, and the later of
@@ -579,7 +587,7 @@ fn parse_reply(value: &Value, args: &Args, now: u64) -> Result<Reply, StoreError
     }
     let state = match rest.len() {
         0 => None,
-        16 => Some(decode(rest).ok_or_else(bad)?),
+        STATE_LEN => Some(decode(rest).ok_or_else(bad)?),
         _ => return Err(bad()),
     };
     Ok(Reply {
@@ -604,10 +612,14 @@ fn to_whole(v: f64) -> Option<u64> {
     }
 }
 
-/// A stored value, as the script writes it: `t` then `ts`, each an `f64`, little-endian.
+/// A stored value, as the script writes it: `t`, `ts` and `keep`, each an `f64`,
+/// little-endian. `keep` concerns the key's expiry only, so the state leaves it out.
 fn decode(value: &[u8]) -> Option<State> {
-    let (t, ts) = value.split_first_chunk::<8>()?;
-    let ts: &[u8; 8] = ts.try_into().ok()?;
+    let (t, rest) = value.split_first_chunk::<8>()?;
+    let (ts, keep) = rest.split_first_chunk::<8>()?;
+    if keep.len() != 8 {
+        return None;
+    }
     Some(State {
         t: f64::from_le_bytes(*t),
         ts: f64::from_le_bytes(*ts),
@@ -843,7 +855,8 @@ mod reply_tests {
     }
 
     fn state(t: f64, ts: f64) -> Value {
-        Value::BulkString([t.to_le_bytes(), ts.to_le_bytes()].concat())
+        let keep = ts + 60_000.0;
+        Value::BulkString([t.to_le_bytes(), ts.to_le_bytes(), keep.to_le_bytes()].concat())
     }
 
     #[test]
@@ -910,6 +923,7 @@ mod reply_tests {
         );
         let mut state = 0.25f64.to_le_bytes().to_vec();
         state.extend_from_slice(&1_700_000_000_123f64.to_le_bytes());
+        state.extend_from_slice(&1_700_003_600_123f64.to_le_bytes());
         let deny = parse_reply(
             &packed([0.0, 250.0, 0.0, 9_007_199_254_740_991.0], &state),
             &acquire(),
@@ -955,7 +969,7 @@ mod reply_tests {
                 &[7; PACKED_ARGS]
             ]
         );
-        assert!(named.starts_with("app:v2:orders:"), "{named}");
+        assert!(named.starts_with("app:v3:orders:"), "{named}");
     }
 
     #[test]
@@ -969,12 +983,14 @@ mod reply_tests {
             ]),
             Value::Int(1),
             Value::Nil,
-            Value::BulkString(vec![0; 15]),
-            Value::BulkString(vec![0; 17]),
+            Value::BulkString(vec![0; 16]),
+            Value::BulkString(vec![0; 23]),
+            Value::BulkString(vec![0; 25]),
             Value::BulkString(vec![0; 31]),
             Value::BulkString(vec![0; 33]),
-            Value::BulkString(vec![0; 47]),
-            Value::BulkString(vec![0; 49]),
+            Value::BulkString(vec![0; 48]),
+            Value::BulkString(vec![0; 55]),
+            Value::BulkString(vec![0; 57]),
             packed([2.0, 0.0, 0.0, 0.0], b""),
             packed([1.0, -1.0, 0.0, 0.0], b""),
             packed([1.0, 0.5, 0.0, 0.0], b""),

@@ -87,7 +87,7 @@ async fn trace(
     let per_token = (limit.interval_ms() / u64::from(limit.tokens())).max(1);
     // At most 2^42 + 1 by construction.
     let refill_ms = limit.refill_time().as_millis() as u64;
-    let mut state: Option<State> = None;
+    let mut stored = Stored::default();
     let mut now: u64 = match rng.below(8) {
         0 => rng.below(10_000),
         1 => MAX_TIME - rng.below(1_000_000),
@@ -103,7 +103,7 @@ async fn trace(
     let mut log = format!("seed {seed}, limit {limit:?}\n");
     for step in 0..steps {
         // The reference's own answers steer the trace to the edges: exact waits, one before.
-        let plain = |now: u64, cost: f64| bucket::evaluate(&p, state, now, cost, 0).0.wait;
+        let plain = |now: u64, cost: f64| bucket::evaluate(&p, stored.state, now, cost, 0).0.wait;
         now = match rng.below(12) {
             0 => now,
             1 => now.saturating_add(1),
@@ -157,9 +157,17 @@ async fn trace(
             x,
             max_wait,
         };
-        check_step(conn, lua, key, limit, &mut state, step, &log).await?;
+        check_step(conn, lua, key, limit, &mut stored, step, &log).await?;
     }
     Ok(())
+}
+
+/// What the reference says the key holds: the bucket's state, and until when the script keeps
+/// the key (0 while there is no key).
+#[derive(Default)]
+struct Stored {
+    state: Option<State>,
+    keep: f64,
 }
 
 /// One operation of a trace, at `now`: x is the cost for acquire and refund, the deadline for
@@ -179,7 +187,7 @@ async fn check_step(
     lua: &redis::Script,
     key: &str,
     limit: Limit,
-    state: &mut Option<State>,
+    stored: &mut Stored,
     Step {
         now,
         op,
@@ -189,21 +197,38 @@ async fn check_step(
     log: &str,
 ) -> Result<(), String> {
     let p = limit.params();
+    let state = stored.state;
     let (expected, write) = match op {
-        Op::Acquire => bucket::evaluate(&p, *state, now, x as f64, max_wait),
-        Op::Peek => (bucket::peek(&p, *state, now), None),
+        Op::Acquire => bucket::evaluate(&p, state, now, x as f64, max_wait),
+        Op::Peek => (bucket::peek(&p, state, now), None),
         Op::Refund => {
-            let w = bucket::refund(&p, *state, now, x as f64);
+            let w = bucket::refund(&p, state, now, x as f64);
             (w.outcome(now), Some(w))
         }
         Op::Drain => {
-            let w = bucket::drain_until(&p, *state, now, x);
+            let w = bucket::drain_until(&p, state, now, x);
             (w.outcome(now), Some(w))
         }
     };
+    // The TTL the script sets, if it sets one: it keeps the key until full plus one interval,
+    // with the first estimate of the refill time after a plain admission, as the script
+    // computes it; when the stored keep already covers that, it leaves the expiry alone.
+    let plain = matches!(op, Op::Acquire) && expected.allowed && expected.wait == 0;
+    let mut ttl = None;
     if let Some(w) = write {
-        *state = Some(w.state);
+        let need = if plain {
+            let e = ((p.capacity - w.state.t) * p.interval / p.tokens).ceil();
+            w.state.ts + e + p.interval
+        } else {
+            w.full + p.interval
+        };
+        if need > stored.keep {
+            stored.keep = need + p.interval;
+            ttl = Some((stored.keep - bucket::time(now)) as i64);
+        }
+        stored.state = Some(w.state);
     }
+    let state = stored.state;
     let args = Args {
         op,
         limit,
@@ -241,48 +266,50 @@ async fn check_step(
             "{log}  outcome: reference {expected:?}, lua {got:?}"
         ));
     }
-    let stored = match value.as_deref().map(decode) {
+    let in_redis = match value.as_deref().map(decode) {
         None => None,
         Some(Some(state)) => Some(state),
         Some(None) => return Err(format!("{log}  unparsable state {value:?}")),
     };
+    let keep = value
+        .as_deref()
+        .and_then(|v| v.get(16..24))
+        .and_then(|b| b.try_into().ok())
+        .map(f64::from_le_bytes);
+    if in_redis.is_some() && keep.map(f64::to_bits) != Some(stored.keep.to_bits()) {
+        return Err(format!(
+            "{log}  keep: reference {}, lua {keep:?}",
+            stored.keep
+        ));
+    }
     let same = |a: Option<State>, b: Option<State>| match (a, b) {
         (None, None) => true,
         (Some(a), Some(b)) => a.t.to_bits() == b.t.to_bits() && a.ts.to_bits() == b.ts.to_bits(),
         _ => false,
     };
-    if !same(*state, stored) {
-        return Err(format!("{log}  state: reference {state:?}, lua {stored:?}"));
+    if !same(state, in_redis) {
+        return Err(format!(
+            "{log}  state: reference {state:?}, lua {in_redis:?}"
+        ));
     }
     // A denial carries the state it denied on (nothing was written, so it is the state now);
     // nothing else carries one.
     let denied = matches!(op, Op::Acquire) && !got.allowed;
-    let carried = if denied { *state } else { None };
+    let carried = if denied { state } else { None };
     if !same(carried, reply.state) {
         return Err(format!(
             "{log}  carried state: reference {carried:?}, lua {:?}",
             reply.state
         ));
     }
-    // After a plain admission the script sets the TTL from the first estimate of the refill
-    // time, computed as the script computes it.
-    let plain = matches!(op, Op::Acquire) && expected.allowed && expected.wait == 0;
-    let ttl = |w: bucket::Write| {
-        if plain {
-            let e = ((p.capacity - w.state.t) * p.interval / p.tokens).ceil();
-            (w.state.ts + e - bucket::time(now) + p.interval) as i64
-        } else {
-            w.ttl(&p, now) as i64
-        }
-    };
-    match write.map(ttl) {
+    match ttl {
         Some(ttl) if !(ttl - slack..=ttl).contains(&pttl) => {
             return Err(format!("{log}  ttl: reference {ttl}, lua {pttl}"));
         }
-        // Every earlier write was made persistent: a TTL now means this step wrote.
+        // Every earlier write was made persistent: a TTL now means this step set one.
         None if pttl >= 0 => {
             return Err(format!(
-                "{log}  a step that must not write set a ttl of {pttl}"
+                "{log}  a step that must keep the expiry set a ttl of {pttl}"
             ));
         }
         _ => {}
@@ -317,7 +344,7 @@ async fn corners(
             .query_async(conn)
             .await
             .map_err(|e| e.to_string())?;
-        let mut state = None;
+        let mut stored = Stored::default();
         let mut log = format!("corner, limit {limit:?}\n");
         let start = 1_700_000_000_000;
         for now in [start, start + elapsed] {
@@ -328,7 +355,7 @@ async fn corners(
                 x: 1,
                 max_wait: 0,
             };
-            check_step(conn, lua, key, limit, &mut state, step, &log).await?;
+            check_step(conn, lua, key, limit, &mut stored, step, &log).await?;
         }
     }
     Ok(())
@@ -370,7 +397,7 @@ async fn lua_and_reference_agree_bit_for_bit() {
         script().get_hash(),
         "the store runs this same script"
     );
-    let key = format!("{}:v2:diff:k", redis_server::unique_prefix());
+    let key = format!("{}:v3:diff:k", redis_server::unique_prefix());
     if let Err(e) = corners(&mut conn, &lua, &key).await {
         panic!("the Lua script and bucket.rs disagree:\n{e}");
     }
@@ -407,10 +434,10 @@ const MUTANTS: &[(&str, &str)] = &[
         "local op, now, interval, tokens, capacity, x, max_wait =",
     ),
     ("if now > MAX_TIME then now = MAX_TIME end", ""),
-    ("if #stored ~= 16 then", "if #stored ~= 17 then"),
+    ("if #stored ~= 24 then", "if #stored ~= 25 then"),
     (
-        "t, ts = struct.unpack('<dd', stored)",
-        "t, ts = struct.unpack('>dd', stored)",
+        "t, ts, keep = struct.unpack('<ddd', stored)",
+        "t, ts, keep = struct.unpack('>ddd', stored)",
     ),
     ("if not (elapsed > 0) then elapsed = 0 end", ""),
     (
@@ -429,19 +456,27 @@ const MUTANTS: &[(&str, &str)] = &[
         "local e = (capacity - t2) * interval / tokens",
         "local e = capacity * interval / tokens",
     ),
+    ("local need = ts2 + e + interval", "local need = ts2 + e"),
     (
-        "local stored2 = struct.pack('<dd', t2, ts2)",
-        "local stored2 = struct.pack('<dd', ts2, t2)",
+        "  if need <= keep then\n    local",
+        "  if need <= keep + interval then\n    local",
     ),
     (
-        "string.format('%d', ts2 + e - now + interval))",
-        "string.format('%d', ts2 + e - now))",
+        "local stored2 = struct.pack('<ddd', t2, ts2, keep)",
+        "local stored2 = struct.pack('<ddd', t2, ts2, keep + 1)",
     ),
     (
-        "string.format('%d', ts2 + e - now + interval))",
-        "string.format('%d', e + interval))",
+        "    return stored2\n  end",
+        "    return struct.pack('<ddd', t2 + 1, ts2, keep)\n  end",
     ),
-    ("return stored2", "return struct.pack('<dd', t2 + 1, ts2)"),
+    (
+        "local stored2 = struct.pack('<ddd', t2, ts2, need + interval)",
+        "local stored2 = struct.pack('<ddd', ts2, t2, need + interval)",
+    ),
+    (
+        "string.format('%d', need + interval - now))",
+        "string.format('%d', need - now))",
+    ),
     // acquire: a wait, or a denial
     ("if max_wait > MAX_WAIT then max_wait = MAX_WAIT end", ""),
     (
@@ -493,10 +528,19 @@ const MUTANTS: &[(&str, &str)] = &[
     ("if x > MAX_TIME then x = MAX_TIME end", ""),
     ("if avail > 0 then t2 = 0 end", "t2 = 0"),
     ("if x > ts2 then ts3 = x end", "ts3 = x"),
-    ("struct.pack('<dd', t2, ts3)", "struct.pack('>dd', t2, ts3)"),
+    ("local need = full + interval", "local need = full"),
     (
-        "ts3), 'PX', string.format('%d', full - now + interval))",
-        "ts3), 'PX', string.format('%d', full - ts3 + interval))",
+        "\nif need <= keep then",
+        "\nif need <= keep + interval then",
+    ),
+    ("  keep = need + interval", "  keep = need"),
+    (
+        "struct.pack('<ddd', t2, ts3, keep), 'PX'",
+        "struct.pack('>ddd', t2, ts3, keep), 'PX'",
+    ),
+    (
+        "string.format('%d', keep - now))",
+        "string.format('%d', keep - ts3))",
     ),
     (
         "if t2 > 0 then left = t2 - t2 % 1 end",
@@ -512,7 +556,7 @@ const MUTANTS: &[(&str, &str)] = &[
 async fn every_single_line_mutant_of_the_script_is_caught() {
     let mut conn = connect().await;
     let source = include_str!("../bucket.lua");
-    let key = format!("{}:v2:mutant:k", redis_server::unique_prefix());
+    let key = format!("{}:v3:mutant:k", redis_server::unique_prefix());
     let mut report = String::new();
     for (from, to) in MUTANTS {
         assert_eq!(
