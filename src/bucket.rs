@@ -81,10 +81,9 @@ pub(crate) struct Write {
 }
 
 impl Write {
-    /// The key's time to live in milliseconds, as the script sets it for a write at `now`: until
-    /// the bucket is full again, plus one interval of margin; after a plain admission the script
-    /// counts from its first estimate of the refill time instead, at most 1 ms off. `MemoryStore`
-    /// drops buckets by [`full`](Self::full), so only the tests that check the script need it.
+    /// How long in milliseconds a key written at `now` must live: until the bucket is full
+    /// again, plus one interval of margin. The script keeps it at least that long (see
+    /// `bucket.lua`); `MemoryStore` drops buckets by [`full`](Self::full) instead.
     #[cfg(test)]
     pub(crate) fn ttl(&self, p: &Params, now: u64) -> u64 {
         whole(self.full - time(now) + p.interval)

@@ -2,8 +2,8 @@
 //!
 //! Random traces (limits, times with skew, costs, reservations, refunds, drains) run through
 //! `bucket.rs` and through the script. After every step the two must give the same answer, the
-//! same stored state to the last bit of each `f64`, and the same TTL (after a plain admission,
-//! the one the script sets from its first estimate of the refill time); a step that must not write
+//! same stored state to the last bit of each `f64`, the same `keep` (until when the key is kept)
+//! and the same TTL, or none where the script must keep the expiry; a step that must not write
 //! must leave the key untouched. The mutation test then edits single lines of the script's
 //! arithmetic and stored encoding, and checks that the same traces catch every edit.
 
