@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 
-use crate::bucket::{self, MAX_TIME, Outcome, State};
+use crate::bucket::{self, MAX_TIME, MAX_WAIT, Outcome, Params, State};
 use crate::clock::{Clock, SystemClock, deadline_ms, whole_ms};
 use crate::store::{
     BackendError, BucketStore, Decision, MemoryStore, Quota, StoreError, check_cost,
@@ -587,7 +587,10 @@ fn parse_reply(value: &Value, args: &Args, now: u64) -> Result<Reply, StoreError
     }
     let state = match rest.len() {
         0 => None,
-        STATE_LEN => Some(decode(rest).ok_or_else(bad)?),
+        STATE_LEN => match decode(rest) {
+            Some(state) if storable(&args.limit.params(), state) => Some(state),
+            _ => return Err(bad()),
+        },
         _ => return Err(bad()),
     };
     Ok(Reply {
@@ -599,6 +602,17 @@ fn parse_reply(value: &Value, args: &Args, now: u64) -> Result<Reply, StoreError
         },
         state,
     })
+}
+
+/// Whether the script can have stored `state` for a limit of `p`: at most full, with no more
+/// debt than reservations of the longest wait can leave (with room to spare), at a whole time
+/// within range. The walks to a refill time end only for such states, so the deny cache takes
+/// no other from a reply.
+fn storable(p: &Params, state: State) -> bool {
+    let most_debt = 2.0 * MAX_WAIT as f64 * p.tokens / p.interval + p.capacity;
+    (-most_debt..=p.capacity).contains(&state.t)
+        && (0.0..=MAX_TIME as f64).contains(&state.ts)
+        && state.ts.fract() == 0.0
 }
 
 /// `v` as a `u64`, when it is a whole number the script can answer: at least 0 and below 2^63.
@@ -896,6 +910,20 @@ mod reply_tests {
         ];
         for value in bad {
             assert!(refused(&value, &acquire()), "{value:?}");
+        }
+        // A denial's stored value must be one the script could have written.
+        for (t, ts) in [
+            (-1e300, NOW as f64),
+            (f64::NAN, NOW as f64),
+            (11.0, NOW as f64),
+            (1.0, -1.0),
+            (1.0, 0.5),
+        ] {
+            let Value::BulkString(carried) = state(t, ts) else {
+                unreachable!("state() makes a bulk string")
+            };
+            let denial = packed([0.0, 100.0, 0.0, 100.0], &carried);
+            assert!(refused(&denial, &acquire()), "{t} {ts}");
         }
         // Only an acquire answers with the state alone.
         let peek = Args {
