@@ -58,10 +58,10 @@
 //!   buffer=32
 //! ```
 //!
-//! (on one line; with `--pipeline`, `pipeline=P` takes the place of `buffer=N`). Latency is per decision, from the
-//! call to `acquire` to its answer (with `--pipeline`, from writing a batch to reading its last
-//! reply), recorded in a log-linear histogram (64 steps per power of two, so quantiles are
-//! within 1.6 %). `redis_calls` and `redis_usec_per_call` are the server's `INFO commandstats`
+//! (on one line; with `--pipeline`, `pipeline=P` takes the place of `buffer=N`). Latency is per
+//! decision, from the call to `acquire` to its answer (with `--pipeline`, from writing a batch
+//! to reading its last reply), recorded in a log-linear histogram (64 steps per power of two, so
+//! quantiles are within 1.6 %). `redis_calls` and `redis_usec_per_call` are the server's `INFO commandstats`
 //! for `evalsha` and `eval` together, taken as the difference between before and after the
 //! measured run: the Redis CPU time per script call, which sets the ceiling of one Redis. Other
 //! clients of the same server count too, so measure on a Redis of your own.

@@ -560,12 +560,12 @@ fn parse_reply(value: &Value, args: &Args, now: u64) -> Result<Reply, StoreError
     if bytes.len() == STATE_LEN {
         let p = args.limit.params();
         let state = decode(bytes).ok_or_else(bad)?;
-        // What a plain admission can store: what was left after the cost, and the later of
-        // the stored time and now. Checked, since the walk to the refill time assumes it.
+        // What a plain admission can store: no debt, and the later of the stored time and now.
+        // Checked, since the walk to the refill time assumes it.
         let sound = matches!(args.op, Op::Acquire)
-            && (0.0..=p.capacity).contains(&state.t)
-            && (bucket::time(now)..=MAX_TIME as f64).contains(&state.ts)
-            && state.ts.fract() == 0.0;
+            && state.t >= 0.0
+            && state.ts >= bucket::time(now)
+            && storable(&p, state);
         if !sound {
             return Err(bad());
         }
@@ -629,11 +629,9 @@ fn to_whole(v: f64) -> Option<u64> {
 /// A stored value, as the script writes it: `t`, `ts` and `keep`, each an `f64`,
 /// little-endian. `keep` concerns the key's expiry only, so the state leaves it out.
 fn decode(value: &[u8]) -> Option<State> {
-    let (t, rest) = value.split_first_chunk::<8>()?;
-    let (ts, keep) = rest.split_first_chunk::<8>()?;
-    if keep.len() != 8 {
+    let ([t, ts, _keep], []) = value.as_chunks::<8>() else {
         return None;
-    }
+    };
     Some(State {
         t: f64::from_le_bytes(*t),
         ts: f64::from_le_bytes(*ts),

@@ -180,8 +180,8 @@ struct Step {
     max_wait: u64,
 }
 
-/// Runs one step through the reference, whose state `state` it updates, and through `lua` on
-/// `key`, and describes the first difference after `log`, the trace so far.
+/// Runs one step through the reference, whose view of the key `stored` it updates, and through
+/// `lua` on `key`, and describes the first difference after `log`, the trace so far.
 async fn check_step(
     conn: &mut MultiplexedConnection,
     lua: &redis::Script,
@@ -320,7 +320,8 @@ async fn check_step(
 /// Fixed traces at rounding corners of the refill time after a plain admission, which random
 /// traces reach only now and then: an acquire of 1 from a full bucket, then one more after
 /// `elapsed` ms. In the first two the first estimate of the refill time is one too low, in the
-/// third one too high, and only the walk after it finds the answer.
+/// third one too high: the script keeps the key by the estimate, while the reset the store
+/// reports walks to the exact millisecond.
 const CORNERS: &[(u32, u64, u32, u64)] = &[
     // (tokens, interval in ms, burst, elapsed)
     (1, 15, 2, 8),
