@@ -15,6 +15,10 @@
 //!   `now + wait`, denied one millisecond earlier" hold exactly, whatever the rounding. Because
 //!   the correction alone fixes the answer, the estimate is the one step free to differ from the
 //!   Lua: here it multiplies by a rate computed with the [`Params`], where the Lua divides.
+//! - Divisions are the slowest steps, so where the result is known without one it is taken
+//!   without one, and it is the same value to the bit: a refill over 0 or 1 ms ([`refill`]), and
+//!   a refill long enough to fill the bucket, however it rounds ([`refills_to_full`]). The Lua
+//!   always divides.
 
 /// The largest time, in milliseconds since the Unix epoch, the arithmetic works with (2^53 − 1,
 /// about 285,000 years). Later times are clamped to it; every smaller time is an exact `f64`.
@@ -45,6 +49,8 @@ pub(crate) struct Params {
     /// decision reads its clock or locks its bucket, takes one division off the chain of
     /// dependent ones that each decision waits for.
     ms_per_token: f64,
+    /// `refill(1)`, exactly: `1 * tokens` is `tokens`, so this is the same division.
+    per_ms: f64,
 }
 
 impl Params {
@@ -54,6 +60,7 @@ impl Params {
             interval,
             capacity,
             ms_per_token: interval / tokens,
+            per_ms: tokens / interval,
         }
     }
 }
@@ -131,8 +138,18 @@ fn whole(ms: f64) -> u64 {
 }
 
 /// Tokens refilled over `elapsed` milliseconds, before the cap.
+///
+/// The division is the slowest step of a decision, so the two most common spans skip it with
+/// the very value it would give: none (a second decision within the same millisecond) and one
+/// (the first step of [`ready_at`]'s walk under a fast limit).
 fn refill(p: &Params, elapsed: f64) -> f64 {
-    elapsed * p.tokens / p.interval
+    if elapsed == 0.0 {
+        0.0
+    } else if elapsed == 1.0 {
+        p.per_ms
+    } else {
+        elapsed * p.tokens / p.interval
+    }
 }
 
 /// The earliest time at which a bucket stored as `(t, ts)` holds at least `target` tokens: `ts`
@@ -165,6 +182,20 @@ fn estimate_ceil(x: f64) -> f64 {
     }
 }
 
+/// Whether `elapsed` milliseconds refill a bucket holding `t` to capacity with room to spare,
+/// found with a product instead of [`refill`]'s division: what the division would give then
+/// does not matter, since the cap takes it.
+///
+/// The test asks for the refill, before any rounding, to be at least twice the gap to capacity
+/// (four times, computed, which covers the relative error of a few roundings, each at most
+/// 2^-53). The rounded refill is then still above the gap, the rounded sum of `t` and the refill
+/// at least the capacity, and `min(capacity, t + refill(elapsed))` the capacity. A gap of zero or
+/// less (a bucket full already) passes whenever the refill is positive, and also gives the
+/// capacity.
+fn refills_to_full(p: &Params, t: f64, elapsed: f64) -> bool {
+    elapsed * p.tokens > 4.0 * ((p.capacity - t) * p.interval)
+}
+
 /// Tokens available at `now` and the time to store with them. A missing state is a full bucket.
 fn available(p: &Params, state: Option<State>, now: f64) -> (State, f64, f64) {
     let s = state.unwrap_or(State {
@@ -173,7 +204,11 @@ fn available(p: &Params, state: Option<State>, now: f64) -> (State, f64, f64) {
     });
     // A clock behind the stored time refills nothing, and the stored time never moves back.
     let elapsed = max(0.0, now - s.ts);
-    let avail = min(p.capacity, s.t + refill(p, elapsed));
+    let avail = if refills_to_full(p, s.t, elapsed) {
+        p.capacity
+    } else {
+        min(p.capacity, s.t + refill(p, elapsed))
+    };
     (s, avail, max(s.ts, now))
 }
 

@@ -357,3 +357,78 @@ proptest! {
         prop_assert_eq!(estimate_ceil(x).to_bits(), x.ceil().to_bits());
     }
 }
+
+/// The refill as SPEC §4 and the Lua write it, with no shortcut: what [`refill`] and
+/// [`available`] must give, to the bit.
+fn plain_available(p: &Params, t: f64, elapsed: f64) -> f64 {
+    min(p.capacity, t + elapsed * p.tokens / p.interval)
+}
+
+/// A stored token count anywhere a bucket can be: deep in reservation debt, fractional, at or
+/// near capacity.
+fn stored_tokens(p: &Params) -> impl Strategy<Value = f64> + use<> {
+    let cap = p.capacity;
+    let debt = 2.0 * MAX_WAIT as f64 * p.tokens / p.interval + cap;
+    prop_oneof![
+        Just(cap),
+        Just(cap - 1.0),
+        Just(0.0),
+        0.0..=cap,
+        -debt..=cap,
+        (0u32..=1000).prop_map(move |k| cap - f64::from(k) / 7.0),
+    ]
+}
+
+proptest! {
+    /// The shortcuts of `refill` (spans of 0 and 1 ms) and of `available` (a span long enough
+    /// to fill the bucket, judged without dividing) give what the plain formula gives, to the
+    /// bit, including spans on either side of where the shortcut starts to apply.
+    #[test]
+    fn refill_shortcuts_agree_with_the_plain_formula(
+        (p, t, elapsed) in limit().prop_flat_map(|l| {
+            let p = l.params();
+            (Just(p), stored_tokens(&p))
+        }).prop_flat_map(|(p, t)| {
+            // The span at which `refills_to_full` starts to hold, and spans around it.
+            let edge = (4.0 * ((p.capacity - t) * p.interval) / p.tokens).max(0.0);
+            let edge = if edge < MAX_TIME as f64 { edge as u64 } else { MAX_TIME };
+            let span = prop_oneof![
+                Just(0u64),
+                Just(1),
+                Just(2),
+                0u64..10_000,
+                (0u64..=8).prop_map(move |d| (edge + d).saturating_sub(4).min(MAX_TIME)),
+                0u64..=MAX_TIME,
+            ];
+            (Just(p), Just(t), span)
+        })
+    ) {
+        let elapsed = elapsed as f64;
+        prop_assert_eq!(
+            refill(&p, elapsed).to_bits(),
+            (elapsed * p.tokens / p.interval).to_bits()
+        );
+        let ts = 1_000.0;
+        let state = Some(State { t, ts });
+        let (_, avail, _) = available(&p, state, ts + elapsed);
+        prop_assert_eq!(avail.to_bits(), plain_available(&p, t, elapsed).to_bits());
+        if refills_to_full(&p, t, elapsed) {
+            prop_assert_eq!(plain_available(&p, t, elapsed), p.capacity);
+        }
+    }
+}
+
+#[test]
+fn the_fill_shortcut_applies_to_an_idle_bucket_and_not_to_a_busy_one() {
+    // "1 per minute, burst 10", one token short.
+    let p = Params::new(1.0, 60_000.0, 10.0);
+    // Four minutes refill four tokens' worth of room and more: the shortcut applies.
+    assert!(refills_to_full(&p, 9.0, 240_001.0));
+    // A minute refills the one token exactly; that is for the division to judge.
+    assert!(!refills_to_full(&p, 9.0, 60_000.0));
+    assert_eq!(plain_available(&p, 9.0, 60_000.0), 10.0);
+    assert!(!refills_to_full(&p, 9.0, 0.0));
+    // A full bucket fills with any refill at all, and not with none.
+    assert!(refills_to_full(&p, 10.0, 1.0));
+    assert!(!refills_to_full(&p, 10.0, 0.0));
+}
