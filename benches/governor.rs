@@ -15,7 +15,7 @@
 //!
 //! - `burstgate`: `MemoryStore` on `SystemClock` (the wall clock, which shared buckets need:
 //!   `SystemTime::now`, a vDSO `clock_gettime`); a foldhash of the key's id
-//!   (`bench:client-<i>`); one shard `Mutex`; the exact `f64` bucket arithmetic that Redis
+//!   (`bench:client-<i>`); one shard spin lock; the exact `f64` bucket arithmetic that Redis
 //!   mirrors; a full `Decision` (wait, remaining tokens, reset). At this rate a bucket is full
 //!   again a millisecond after its decision, so each shard's once-a-second sweep drops it and
 //!   the next decision creates it again: that is part of what is measured.
