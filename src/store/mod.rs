@@ -112,9 +112,11 @@ pub trait BucketStore: Send + Sync + 'static {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Decision {
     admitted: bool,
-    wait: Duration,
+    /// Milliseconds, as the arithmetic gives them; a `Duration` is made when asked for, which
+    /// spares a decision nobody reads the times of two conversions.
+    wait_ms: u64,
     remaining: u32,
-    resets_in: Duration,
+    resets_in_ms: u64,
     limit: Limit,
 }
 
@@ -122,10 +124,10 @@ impl Decision {
     pub(crate) fn new(outcome: Outcome, limit: Limit) -> Self {
         Self {
             admitted: outcome.allowed,
-            wait: Duration::from_millis(outcome.wait),
+            wait_ms: outcome.wait,
             // `remaining` never exceeds the burst, a `u32`.
             remaining: u32::try_from(outcome.remaining).unwrap_or(u32::MAX),
-            resets_in: Duration::from_millis(outcome.reset),
+            resets_in_ms: outcome.reset,
             limit,
         }
     }
@@ -139,13 +141,13 @@ impl Decision {
     /// tokens that have not refilled yet). For a denied one, the same as
     /// [`retry_after`](Self::retry_after).
     pub fn wait(&self) -> Duration {
-        self.wait
+        Duration::from_millis(self.wait_ms)
     }
 
     /// For a denied request, how long until the same cost could be admitted (at least one
     /// millisecond), if nobody else takes tokens meanwhile. `None` when admitted.
     pub fn retry_after(&self) -> Option<Duration> {
-        (!self.admitted).then_some(self.wait)
+        (!self.admitted).then(|| self.wait())
     }
 
     /// Whole tokens left in the bucket after this decision.
@@ -155,7 +157,7 @@ impl Decision {
 
     /// How long until the bucket is full again if nobody takes tokens.
     pub fn resets_in(&self) -> Duration {
-        self.resets_in
+        Duration::from_millis(self.resets_in_ms)
     }
 
     /// The limit the decision was made under.
