@@ -76,7 +76,23 @@ pub struct MemoryStore<C = SystemClock> {
 
 struct Inner {
     shards: Box<[Padded]>,
+    /// 64 minus log2 of the shard count: the shift that leaves a shard index.
+    shard_shift: u32,
     hasher: DefaultHashBuilder,
+}
+
+impl Inner {
+    /// The shard of a key's hash: the top bits of the hash times 2^64 / φ (Fibonacci hashing),
+    /// which depend on every bit of the hash. The table in the shard uses the hash's low bits
+    /// and top seven; the shard cannot take those without leaving the keys of a shard alike
+    /// there, and the bits in between, taken as they are, spread keys that differ in a digit
+    /// or two (`client-17`, `client-18`) unevenly, some shards getting a quarter of the mean
+    /// and others over twice it.
+    fn shard_of(&self, hash: u64) -> usize {
+        let mixed = hash.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        // The shift is below 64, as there are at least two shards.
+        (mixed >> self.shard_shift) as usize
+    }
 }
 
 /// A shard on cache lines of its own, so threads working on neighbouring shards do not slow
@@ -177,6 +193,7 @@ impl<C: Clock> MemoryStore<C> {
         Self {
             inner: Arc::new(Inner {
                 shards,
+                shard_shift: 64 - count.trailing_zeros(),
                 hasher: DefaultHashBuilder::default(),
             }),
             clock,
@@ -213,11 +230,9 @@ impl<C: Clock> MemoryStore<C> {
     ) -> T {
         let id = key.as_str();
         let hasher = &self.inner.hasher;
-        // One hash serves both the shard and the lookup inside it. The shard takes bits 32 and
-        // up, which the table leaves alone (it uses the low bits for the slot and the top seven
-        // for its tags), so keys within a shard stay spread.
+        // One hash serves both the shard and the lookup inside it.
         let hash = hash(hasher, id.as_bytes());
-        let index = ((hash >> 32) as usize) & (self.inner.shards.len() - 1);
+        let index = self.inner.shard_of(hash);
         // Read before the lock, so the lock is held for the arithmetic alone. A caller that read
         // its time just before another's but locks after it finds a stored time ahead of its own,
         // and, as for any clock behind the stored time, refills nothing for the gap.
@@ -666,6 +681,37 @@ mod tests {
         for k in 0..KEYS {
             let total: u32 = admitted.iter().map(|a| a[k]).sum();
             assert_eq!(total, BURST, "key {k}");
+        }
+    }
+
+    /// Keys alike but for a few digits, as rate-limit keys often are, spread over the shards as
+    /// random keys would, whatever the hasher's random seed. Per store, the chi-squared
+    /// statistic of a thousand such keys over 64 shards follows a chi-squared distribution with
+    /// 63 degrees of freedom, whose chance to pass 200 is below 10^-15. The hash's bits 32 to
+    /// 37, taken as they are, fail it for some seeds: 522 seeds in 20,000 left a shard with
+    /// none of these thousand keys.
+    #[test]
+    fn similar_keys_spread_over_the_shards_as_random_ones() {
+        for _ in 0..200 {
+            let store = MemoryStore::new();
+            let shards = store.inner.shards.len();
+            let keys = 1_000;
+            let mut counts = vec![0_u32; shards];
+            for i in 0..keys {
+                let id = format!("api:client-{i}");
+                counts[store
+                    .inner
+                    .shard_of(hash(&store.inner.hasher, id.as_bytes()))] += 1;
+            }
+            let expected = keys as f64 / shards as f64;
+            let chi2: f64 = counts
+                .iter()
+                .map(|&c| (f64::from(c) - expected).powi(2) / expected)
+                .sum();
+            assert!(
+                chi2 < 200.0,
+                "{shards} shards, chi-squared {chi2}: {counts:?}"
+            );
         }
     }
 
