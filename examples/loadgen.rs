@@ -451,14 +451,19 @@ impl Driver {
                 // What a hand-written client of the script does: format the key, pack the
                 // arguments, send EVALSHA, read the first number of the reply.
                 let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as u64;
-                let reply: Vec<u8> = redis::cmd("EVALSHA")
+                let reply: redis::Value = redis::cmd("EVALSHA")
                     .arg(&**sha)
                     .arg(1)
                     .arg(store.redis_key(key))
                     .arg(&pack_args(now, limit)[..])
                     .query_async(conn)
                     .await?;
-                allowed(&reply)
+                match reply {
+                    redis::Value::BulkString(bytes) => allowed(&bytes),
+                    // The stored value alone: a denial with no wait allowed.
+                    redis::Value::Array(_) => Ok(false),
+                    other => Err(format!("unexpected reply {other:?}").into()),
+                }
             }
         }
     }
@@ -483,9 +488,10 @@ fn pack_args(now: u64, limit: Limit) -> [u8; 56] {
     packed
 }
 
-/// Whether the script's reply admitted: the 24-byte stored state after an admission with no
-/// wait, otherwise four little-endian `f64`s, the first 1 for an admission, then the stored
-/// state on a denial.
+/// Whether the script's string reply admitted: the 24-byte stored state after an admission with
+/// no wait, otherwise four little-endian `f64`s, the first 1 for an admission, then the stored
+/// state on a denial. (A denial with no wait allowed, which is every denial here, is an array
+/// instead.)
 fn allowed(reply: &[u8]) -> Result<bool, BoxError> {
     if reply.len() == 24 {
         return Ok(true);
@@ -550,11 +556,7 @@ async fn pipelined_worker(
             match next_reply(&input[read..])? {
                 Some((reply, used)) => {
                     read += used;
-                    let answer = match reply {
-                        Ok(bytes) => Ok(allowed(bytes)?),
-                        Err(message) => Err(message),
-                    };
-                    tally.count(answer, expected[parsed]);
+                    tally.count(reply, expected[parsed]);
                     parsed += 1;
                 }
                 None => {
@@ -576,12 +578,13 @@ async fn pipelined_worker(
     Ok(tally)
 }
 
-/// One reply (a bulk string's bytes, or an error's text) and the bytes it took.
-type Parsed<'a> = (Result<&'a [u8], String>, usize);
+/// One reply (whether it admitted, or an error's text) and the bytes it took.
+type Parsed = (Result<bool, String>, usize);
 
-/// The first RESP reply in `buf`, if it is all there: a bulk string's bytes or an error's text,
-/// and how many bytes it took.
-fn next_reply(buf: &[u8]) -> Result<Option<Parsed<'_>>, BoxError> {
+/// The first RESP reply in `buf`, if it is all there: whether it admitted (see [`allowed`]; an
+/// array of one, the stored value, is a denial with no wait allowed) or an error's text, and
+/// how many bytes it took.
+fn next_reply(buf: &[u8]) -> Result<Option<Parsed>, BoxError> {
     let Some(eol) = buf.windows(2).position(|w| w == b"\r\n") else {
         return Ok(None);
     };
@@ -590,7 +593,13 @@ fn next_reply(buf: &[u8]) -> Result<Option<Parsed<'_>>, BoxError> {
         Some(b'$') => {
             let len: usize = std::str::from_utf8(line)?.parse()?;
             let end = eol + 2 + len + 2;
-            Ok((buf.len() >= end).then(|| (Ok(&buf[eol + 2..eol + 2 + len]), end)))
+            if buf.len() < end {
+                return Ok(None);
+            }
+            Ok(Some((Ok(allowed(&buf[eol + 2..eol + 2 + len])?), end)))
+        }
+        Some(b'*') if line == b"1" => {
+            Ok(next_reply(&buf[eol + 2..])?.map(|(_, used)| (Ok(false), eol + 2 + used)))
         }
         Some(b'-') => Ok(Some((
             Err(String::from_utf8_lossy(line).into_owned()),

@@ -7,11 +7,14 @@
 -- ARGV[1]  56 bytes, struct.pack('<ddddddd', op, now, tokens, interval, capacity, x, max_wait):
 --          op 1 acquire, 2 peek, 3 refund, 4 drain; interval and max_wait in milliseconds; x is
 --          the cost for acquire and refund, the deadline for drain; max_wait is read by acquire
--- Returns  one string. An acquire admitted with no wait returns the 24-byte value it stored:
---          the caller works out remaining and reset from it with the same arithmetic, since
---          wait is 0, which spares Redis the packing of four numbers on the busiest path. Any
---          other call returns struct.pack('<dddd', allowed, wait, remaining, reset), all whole
---          numbers, and a denial appends the stored value, as it was read (56 bytes in all).
+-- Returns  one string, or an array of one. An acquire admitted with no wait returns the 24-byte
+--          value it stored: the caller works out remaining and reset from it with the same
+--          arithmetic, since wait is 0, which spares Redis the packing of four numbers on the
+--          busiest path. An acquire denied with max_wait 0 returns {stored}, the value it read,
+--          and the caller works out the denial from it. Any other call returns
+--          struct.pack('<dddd', allowed, wait, remaining, reset), all whole numbers, and a
+--          denial (one that was allowed to wait, not long enough) appends the stored value, as
+--          it was read (56 bytes in all).
 --
 -- Numbers cross the boundary as their own 8 bytes, both ways, so they round-trip exactly, with
 -- no decimal formatting or parsing (Lua's tostring would keep only 14 digits, and Redis
@@ -80,6 +83,13 @@ if op == 1 and avail >= x then
   redis.call('SET', key, stored2, 'PX', string.format('%d', need + interval - now))
   return stored2
 end
+
+-- An acquire that may not wait and cannot go now is denied (its wait is at least 1 ms), and
+-- writes nothing. The stored value alone goes back, as a one-element array, and the caller
+-- works out the denial from it with the same arithmetic: that spares Redis both walks to a
+-- refill time and the packing of the answer. The bucket exists: a missing one is full, and
+-- a cost never exceeds the capacity.
+if op == 1 and max_wait == 0 then return {stored} end
 
 -- ts plus the least whole e >= 0 with t + refill(e) >= target.
 local function ready_at(t, ts, target)

@@ -554,8 +554,10 @@ fn parse_reply(value: &Value, args: &Args, now: u64) -> Result<Reply, StoreError
             None,
         ))
     };
-    let Value::BulkString(bytes) = value else {
-        return Err(bad());
+    let bytes = match value {
+        Value::BulkString(bytes) => bytes,
+        Value::Array(items) => return parse_denial(items, args, now).ok_or_else(bad),
+        _ => return Err(bad()),
     };
     if bytes.len() == STATE_LEN {
         let p = args.limit.params();
@@ -601,6 +603,26 @@ fn parse_reply(value: &Value, args: &Args, now: u64) -> Result<Reply, StoreError
             reset,
         },
         state,
+    })
+}
+
+/// The reply to an acquire the script denied with no wait allowed: the stored value it read,
+/// alone in an array. The denial is worked out here from that value, by the arithmetic the
+/// script mirrors; `None` for anything else, including a value on which the arithmetic would
+/// not deny.
+fn parse_denial(items: &[Value], args: &Args, now: u64) -> Option<Reply> {
+    let [Value::BulkString(bytes)] = items else {
+        return None;
+    };
+    let p = args.limit.params();
+    let state = decode(bytes).filter(|&s| storable(&p, s))?;
+    if !matches!(args.op, Op::Acquire) || args.max_wait != 0 {
+        return None;
+    }
+    let (outcome, write) = bucket::evaluate(&p, Some(state), now, args.x as f64, 0);
+    (!outcome.allowed && write.is_none()).then_some(Reply {
+        outcome,
+        state: Some(state),
     })
 }
 
@@ -966,6 +988,67 @@ mod reply_tests {
                 ts: 1_700_000_000_123.0
             })
         );
+    }
+
+    /// The stored value alone, in an array: a denial with no wait allowed.
+    fn denial_of(t: f64, ts: f64) -> Value {
+        Value::Array(vec![state(t, ts)])
+    }
+
+    #[test]
+    fn a_denial_with_no_wait_is_worked_out_from_the_value_it_read() {
+        // 0.25 tokens at now, 10 per second: the missing 0.75 refill in 75 ms, the rest of the
+        // bucket (9.75) in 975 ms.
+        let deny = parse_reply(&denial_of(0.25, NOW as f64), &acquire(), NOW).expect("parses");
+        assert_eq!(
+            deny,
+            Reply {
+                outcome: Outcome {
+                    allowed: false,
+                    wait: 75,
+                    remaining: 0,
+                    reset: 975,
+                },
+                state: Some(State {
+                    t: 0.25,
+                    ts: NOW as f64
+                }),
+            }
+        );
+        // In debt from a reservation, stored ahead of this process's clock: counted from then.
+        let deny =
+            parse_reply(&denial_of(-2.0, (NOW + 40) as f64), &acquire(), NOW).expect("parses");
+        assert_eq!((deny.outcome.wait, deny.outcome.reset), (340, 1240));
+    }
+
+    #[test]
+    fn a_value_the_arithmetic_would_not_deny_on_is_a_backend_error() {
+        // A whole token stored: an acquire of 1 goes now, so no script denies on it.
+        assert!(refused(&denial_of(1.0, NOW as f64), &acquire()));
+        // Nor after a stored time long enough ago to refill one.
+        assert!(refused(&denial_of(0.0, (NOW - 100) as f64), &acquire()));
+        // Only an acquire that may not wait is denied this way.
+        let waits = Args {
+            max_wait: 1,
+            ..acquire()
+        };
+        assert!(refused(&denial_of(0.0, NOW as f64), &waits));
+        let peek = Args {
+            op: Op::Peek,
+            ..acquire()
+        };
+        assert!(refused(&denial_of(0.0, NOW as f64), &peek));
+        // A value no script could have stored, or not a value at all.
+        for bad in [
+            denial_of(-1e300, NOW as f64),
+            denial_of(0.0, NOW as f64 + 0.5),
+            Value::Array(vec![]),
+            Value::Array(vec![state(0.0, NOW as f64), state(0.0, NOW as f64)]),
+            Value::Array(vec![Value::BulkString(vec![0; 16])]),
+            Value::Array(vec![Value::Nil]),
+        ] {
+            assert!(refused(&bad, &acquire()), "{bad:?}");
+        }
     }
 
     #[test]

@@ -412,6 +412,11 @@ async fn lua_and_reference_agree_bit_for_bit() {
 /// Single-line edits of the script's arithmetic and encoding, each of which the traces must catch.
 /// A few carry the line before or after, only to pick one of two identical lines.
 const MUTANTS: &[(&str, &str)] = &[
+    // the denial with no wait allowed
+    (
+        "if op == 1 and max_wait == 0 then return {stored} end",
+        "if op == 1 and max_wait >= 0 then return {stored} end",
+    ),
     // ready_at
     (
         "if t >= target then return ts end",
