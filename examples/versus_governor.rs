@@ -1,0 +1,157 @@
+//! `MemoryStore` and governor's keyed limiter, taking turns, for ratios that hold on a noisy
+//! machine.
+//!
+//! ```text
+//! cargo run --release --features quanta --example versus_governor -- [--rounds 7] [--decisions 2000000]
+//! ```
+//!
+//! The criterion bench (`cargo bench --all-features --bench governor`) measures each side for
+//! seconds on end, one after the other, so a shared machine that changes speed between them
+//! skews their ratio. Here the two sides alternate every 50,000 decisions, and each round
+//! reports the ratio of their summed times, so both see the same machine. Per round:
+//!
+//! - one `String` key, one thread;
+//! - 10,000 `String` keys round robin, one thread;
+//! - the same 10,000 keys on two threads at once, one starting halfway round, each side against
+//!   its own one-thread figure of the same round (two threads' throughput over one thread's).
+//!
+//! Both sides admit every request (a rate no run exhausts) and read the CPU's time-stamp counter
+//! through quanta: governor's default clock, and burstgate's `QuantaClock`. Medians of the
+//! per-round figures come last.
+
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::pin::pin;
+use std::sync::Barrier;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use burstgate::{BucketKey, BucketStore, Limit, MemoryStore, QuantaClock};
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+
+type BoxError = Box<dyn std::error::Error>;
+
+const KEYS: usize = 10_000;
+const CHUNK: usize = 50_000;
+
+/// `n` decisions round robin over `keys` from `start`; a `MemoryStore` future is ready on its
+/// first poll.
+fn burstgate(store: &MemoryStore<QuantaClock>, keys: &[BucketKey], start: usize, n: usize) {
+    let limit = Limit::per_second(u32::MAX).expect("a valid limit");
+    let mut cx = Context::from_waker(Waker::noop());
+    for i in 0..n {
+        let key = &keys[(start + i) % keys.len()];
+        match pin!(store.acquire(key, limit, 1, Duration::ZERO)).poll(&mut cx) {
+            Poll::Ready(Ok(d)) => assert!(black_box(d).is_admitted()),
+            other => panic!("a MemoryStore decision was {other:?}"),
+        }
+    }
+}
+
+fn governor(limiter: &DefaultKeyedRateLimiter<String>, keys: &[String], start: usize, n: usize) {
+    for i in 0..n {
+        let key = &keys[(start + i) % keys.len()];
+        assert!(black_box(limiter.check_key(key).is_ok()));
+    }
+}
+
+/// Nanoseconds `work` takes.
+fn timed(work: impl FnOnce()) -> f64 {
+    let start = Instant::now();
+    work();
+    start.elapsed().as_nanos() as f64
+}
+
+/// Nanoseconds until both of two threads have run `work(thread)`.
+fn timed_on_two(work: impl Fn(usize) + Sync) -> f64 {
+    let barrier = Barrier::new(2);
+    timed(|| {
+        std::thread::scope(|s| {
+            for thread in 0..2 {
+                let (barrier, work) = (&barrier, &work);
+                s.spawn(move || {
+                    barrier.wait();
+                    work(thread);
+                });
+            }
+        })
+    })
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
+fn arg(args: &[String], name: &str, default: usize) -> Result<usize, BoxError> {
+    match args.iter().position(|a| a == name) {
+        None => Ok(default),
+        Some(i) => {
+            let value = args.get(i + 1).ok_or(format!("{name} needs a value"))?;
+            let n: usize = value.parse().map_err(|e| format!("{name} {value}: {e}"))?;
+            if n == 0 {
+                return Err(format!("{name} must be at least 1").into());
+            }
+            Ok(n)
+        }
+    }
+}
+
+fn main() -> Result<(), BoxError> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let rounds = arg(&args, "--rounds", 7)?;
+    let decisions = arg(&args, "--decisions", 2_000_000)?.div_ceil(CHUNK) * CHUNK;
+
+    let names: Vec<String> = (0..KEYS).map(|i| format!("client-{i}")).collect();
+    let keys = names
+        .iter()
+        .map(|n| BucketKey::new("bench", n))
+        .collect::<Result<Vec<_>, _>>()?;
+    let store = MemoryStore::with_clock(QuantaClock::new());
+    let limiter: DefaultKeyedRateLimiter<String> =
+        RateLimiter::keyed(Quota::per_second(NonZeroU32::MAX));
+
+    println!("{rounds} rounds of {decisions} decisions per side and case, in turns of {CHUNK}");
+    let mut figures: [Vec<f64>; 6] = Default::default();
+    for round in 0..rounds {
+        // ns per decision: [burstgate, governor] × [1 key, 10k keys, 10k keys on two threads].
+        let mut ns = [0.0; 6];
+        for turn in 0..decisions / CHUNK {
+            let at = (round * decisions + turn * CHUNK) % KEYS;
+            ns[0] += timed(|| burstgate(&store, &keys[..1], 0, CHUNK));
+            ns[1] += timed(|| governor(&limiter, &names[..1], 0, CHUNK));
+            ns[2] += timed(|| burstgate(&store, &keys, at, CHUNK));
+            ns[3] += timed(|| governor(&limiter, &names, at, CHUNK));
+        }
+        // Two threads, in longer turns (each starts its threads anew).
+        let turns = (decisions / CHUNK).div_ceil(4);
+        let per_turn = decisions / turns;
+        for turn in 0..turns {
+            let at = (round * decisions + turn * per_turn) % KEYS;
+            ns[4] += timed_on_two(|t| burstgate(&store, &keys, at + t * KEYS / 2, per_turn));
+            ns[5] += timed_on_two(|t| governor(&limiter, &names, at + t * KEYS / 2, per_turn));
+        }
+        let per = |total: f64, n: usize| total / n as f64;
+        let (b1, g1) = (per(ns[0], decisions), per(ns[1], decisions));
+        let (b10, g10) = (per(ns[2], decisions), per(ns[3], decisions));
+        // Two threads made `turns * per_turn` decisions each in the time measured, so twice as
+        // many as one thread in that time, at equal time per decision.
+        let (b2, g2) = (per(ns[4], turns * per_turn), per(ns[5], turns * per_turn));
+        let row = [b1 / g1, b10 / g10, 2.0 * b10 / b2, 2.0 * g10 / g2, b1, g1];
+        println!(
+            "round {round}: 1 key {b1:.1} vs {g1:.1} ns ({:.3}), 10k keys {b10:.1} vs {g10:.1} ns \
+             ({:.3}), two threads' throughput over one: burstgate {:.2}, governor {:.2}",
+            row[0], row[1], row[2], row[3],
+        );
+        for (list, value) in figures.iter_mut().zip(row) {
+            list.push(value);
+        }
+    }
+    let [one, many, two_b, two_g, b1, g1] = figures.map(median);
+    println!(
+        "medians: burstgate's time over governor's: 1 key {one:.3} ({b1:.1} vs {g1:.1} ns), \
+         10k keys {many:.3}; two threads' throughput over one: burstgate {two_b:.2}, governor \
+         {two_g:.2}"
+    );
+    Ok(())
+}
