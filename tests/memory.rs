@@ -25,12 +25,24 @@ static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
 const ONE_OFF_KEYS: usize = 1_000_000;
 
 /// Fresh keys of the "ordinary traffic" that follows the refill period. Each picks one of the
-/// store's shards at random (32 per thread the machine runs, at least 64), so on a machine of up
-/// to 2 threads a thousand reach every one of the 64 shards except with a probability near 10^-5.
-const FRESH_KEYS: usize = 1_000;
+/// store's shards at random, so 16 per shard reach every shard except with a probability of
+/// about `shards × e^-16` (10^-5 for 64 shards).
+fn fresh_keys() -> usize {
+    16 * shards()
+}
 
-/// How far above its starting point the heap may stay once the buckets are gone.
-const END_BOUND: i128 = 1 << 20;
+/// The store's shard count, as `MemoryStore` sizes it: 32 per thread the machine runs, rounded
+/// up to a power of two, at least 64.
+fn shards() -> usize {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (threads * 32).next_power_of_two().max(64)
+}
+
+/// How far above its starting point the heap may stay once the buckets are gone: 1 MiB, and
+/// 256 bytes for each bucket kept on purpose (the fresh ones).
+fn end_bound(kept_buckets: usize) -> i128 {
+    (1 << 20) + 256 * kept_buckets as i128
+}
 
 /// A time well after the epoch, so that nothing is clamped.
 const T0: u64 = 1_700_000_000_000;
@@ -103,7 +115,7 @@ impl Figures {
         let grown = self.peak - self.start;
         let kept = self.end - self.start;
         assert!(
-            kept < END_BOUND && kept * 100 < grown,
+            kept < end_bound(self.end_len) && kept * 100 < grown,
             "{phase}: {kept} B of the {grown} B the buckets took are still allocated"
         );
     }
@@ -155,7 +167,7 @@ fn one_off_keys_are_freed_by_ordinary_traffic() {
     );
 
     clock.advance(one_off_limit().refill_time());
-    acquire_one_off_keys(&store, "fresh", FRESH_KEYS);
+    acquire_one_off_keys(&store, "fresh", fresh_keys());
     let end_len = store.len();
     let end = net_bytes();
 
@@ -169,7 +181,8 @@ fn one_off_keys_are_freed_by_ordinary_traffic() {
     figures.print("traffic");
     // The fresh buckets are 1 token short and stay until they refill; every old one is gone.
     assert_eq!(
-        end_len, FRESH_KEYS,
+        end_len,
+        fresh_keys(),
         "only the fresh buckets remain once traffic has reached every shard"
     );
     figures.assert_returned("traffic");
