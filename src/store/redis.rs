@@ -614,13 +614,14 @@ fn parse_denial(items: &[Value], args: &Args, now: u64) -> Option<Reply> {
     let [Value::BulkString(bytes)] = items else {
         return None;
     };
-    let p = args.limit.params();
-    let state = decode(bytes).filter(|&s| storable(&p, s))?;
     if !matches!(args.op, Op::Acquire) || args.max_wait != 0 {
         return None;
     }
-    let (outcome, write) = bucket::evaluate(&p, Some(state), now, args.x as f64, 0);
-    (!outcome.allowed && write.is_none()).then_some(Reply {
+    let p = args.limit.params();
+    let state = decode(bytes).filter(|&s| storable(&p, s))?;
+    // A denial never writes, so the outcome alone says whether the arithmetic agrees.
+    let (outcome, _) = bucket::evaluate(&p, Some(state), now, args.x as f64, 0);
+    (!outcome.allowed).then_some(Reply {
         outcome,
         state: Some(state),
     })
