@@ -228,6 +228,7 @@ fn whole_tokens(t: f64) -> u64 {
 
 /// Takes `cost` tokens at `now`, or reserves them when they refill within `max_wait`
 /// milliseconds, or denies without writing. `cost` must be in `1..=capacity`.
+#[inline]
 pub(crate) fn evaluate(
     p: &Params,
     state: Option<State>,

@@ -255,6 +255,7 @@ impl Default for QuantaClock {
 
 #[cfg(feature = "quanta")]
 impl Clock for QuantaClock {
+    #[inline]
     fn now_ms(&self) -> u64 {
         // `delta_as_nanos` answers zero for a reading at or before `start` (a counter that
         // differs between cores), so the clock never reads before its origin.

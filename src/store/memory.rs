@@ -141,6 +141,7 @@ impl Key {
         }
     }
 
+    #[inline]
     fn as_bytes(&self) -> &[u8] {
         match self {
             // `new` only makes inline keys that fit, so the range is in bounds.
@@ -149,6 +150,7 @@ impl Key {
         }
     }
 
+    #[inline]
     fn is(&self, id: &str) -> bool {
         self.as_bytes() == id.as_bytes()
     }
@@ -243,37 +245,33 @@ impl<C: Clock> MemoryStore<C> {
             shard.sweep(now, hasher);
         }
         // An existing bucket is read and written (or removed) through one lookup: the hot path.
-        if let Ok(mut found) = shard.buckets.find_entry(hash, |s| s.key.is(id)) {
-            let slot = found.get_mut();
-            let (out, write) = f(Some(slot.state), now_ms);
-            match write {
-                Some(w) if w.full > now => {
-                    slot.state = w.state;
-                    slot.full = w.full;
-                }
-                // Full again: a missing bucket says the same, in less memory.
-                Some(_) => {
-                    found.remove();
-                }
-                None => {}
+        // `f` is called from one place only, so that it is inlined here.
+        let found = shard.buckets.find_entry(hash, |s| s.key.is(id));
+        let (out, write) = f(found.as_ref().ok().map(|e| e.get().state), now_ms);
+        match (found, write) {
+            (Ok(mut found), Some(w)) if w.full > now => {
+                let slot = found.get_mut();
+                slot.state = w.state;
+                slot.full = w.full;
             }
-            return out;
-        }
-        let (out, write) = f(None, now_ms);
-        if let Some(w) = write
-            && w.full > now
-        {
-            if shard.buckets.len() >= shard.sweep_at_len {
-                shard.sweep(now, hasher);
+            // Full again: a missing bucket says the same, in less memory.
+            (Ok(found), Some(_)) => {
+                found.remove();
             }
-            let slot = Slot {
-                key: Key::new(id),
-                state: w.state,
-                full: w.full,
-            };
-            shard
-                .buckets
-                .insert_unique(hash, slot, |s| self::hash(hasher, s.key.as_bytes()));
+            (Err(_), Some(w)) if w.full > now => {
+                if shard.buckets.len() >= shard.sweep_at_len {
+                    shard.sweep(now, hasher);
+                }
+                let slot = Slot {
+                    key: Key::new(id),
+                    state: w.state,
+                    full: w.full,
+                };
+                shard
+                    .buckets
+                    .insert_unique(hash, slot, |s| self::hash(hasher, s.key.as_bytes()));
+            }
+            (_, _) => {}
         }
         out
     }
