@@ -45,6 +45,7 @@ impl<C: Clock + ?Sized> Clock for Arc<C> {
 pub struct SystemClock;
 
 impl Clock for SystemClock {
+    #[inline]
     fn now_ms(&self) -> u64 {
         let t = SystemTime::now();
         // Turning a `SystemTime` into milliseconds costs std about as much as reading it. Calls
