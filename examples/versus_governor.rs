@@ -15,6 +15,11 @@
 //! - the same 10,000 keys on two threads at once, one starting halfway round, each side against
 //!   its own one-thread figure of the same round (two threads' throughput over one thread's).
 //!
+//! Each round also times a cache line passed back and forth between the two threads: what one
+//! core waits for a line the other has just written. Two threads on shared buckets pay it for
+//! every bucket the other thread touched last, so it sets what a second thread can add. On a
+//! virtual machine it moves with where the host runs the two virtual CPUs at the time.
+//!
 //! Both sides admit every request (a rate no run exhausts) and read the CPU's time-stamp counter
 //! through quanta: governor's default clock, and burstgate's `QuantaClock`. Medians of the
 //! per-round figures come last.
@@ -23,6 +28,7 @@ use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::pin::pin;
 use std::sync::Barrier;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
@@ -78,6 +84,22 @@ fn timed_on_two(work: impl Fn(usize) + Sync) -> f64 {
     })
 }
 
+/// Nanoseconds one thread waits to see a write by the other, passing a counter back and forth.
+fn line_transfer_ns() -> f64 {
+    const PASSES: u64 = 200_000;
+    let turn = AtomicU64::new(0);
+    let total = timed_on_two(|thread| {
+        for pass in 0..PASSES {
+            let mine = 2 * pass + thread as u64;
+            while turn.load(Ordering::Acquire) != mine {
+                std::hint::spin_loop();
+            }
+            turn.store(mine + 1, Ordering::Release);
+        }
+    });
+    total / (2 * PASSES) as f64
+}
+
 fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(f64::total_cmp);
     xs[xs.len() / 2]
@@ -112,7 +134,7 @@ fn main() -> Result<(), BoxError> {
         RateLimiter::keyed(Quota::per_second(NonZeroU32::MAX));
 
     println!("{rounds} rounds of {decisions} decisions per side and case, in turns of {CHUNK}");
-    let mut figures: [Vec<f64>; 6] = Default::default();
+    let mut figures: [Vec<f64>; 7] = Default::default();
     for round in 0..rounds {
         // ns per decision: [burstgate, governor] × [1 key, 10k keys, 10k keys on two threads].
         let mut ns = [0.0; 6];
@@ -131,27 +153,37 @@ fn main() -> Result<(), BoxError> {
             ns[4] += timed_on_two(|t| burstgate(&store, &keys, at + t * KEYS / 2, per_turn));
             ns[5] += timed_on_two(|t| governor(&limiter, &names, at + t * KEYS / 2, per_turn));
         }
+        let transfer = line_transfer_ns();
         let per = |total: f64, n: usize| total / n as f64;
         let (b1, g1) = (per(ns[0], decisions), per(ns[1], decisions));
         let (b10, g10) = (per(ns[2], decisions), per(ns[3], decisions));
         // Two threads made `turns * per_turn` decisions each in the time measured, so twice as
         // many as one thread in that time, at equal time per decision.
         let (b2, g2) = (per(ns[4], turns * per_turn), per(ns[5], turns * per_turn));
-        let row = [b1 / g1, b10 / g10, 2.0 * b10 / b2, 2.0 * g10 / g2, b1, g1];
+        let row = [
+            b1 / g1,
+            b10 / g10,
+            2.0 * b10 / b2,
+            2.0 * g10 / g2,
+            b1,
+            g1,
+            transfer,
+        ];
         println!(
             "round {round}: 1 key {b1:.1} vs {g1:.1} ns ({:.3}), 10k keys {b10:.1} vs {g10:.1} ns \
-             ({:.3}), two threads' throughput over one: burstgate {:.2}, governor {:.2}",
+             ({:.3}), two threads' throughput over one: burstgate {:.2}, governor {:.2}; cache \
+             line between the cores {transfer:.0} ns",
             row[0], row[1], row[2], row[3],
         );
         for (list, value) in figures.iter_mut().zip(row) {
             list.push(value);
         }
     }
-    let [one, many, two_b, two_g, b1, g1] = figures.map(median);
+    let [one, many, two_b, two_g, b1, g1, transfer] = figures.map(median);
     println!(
         "medians: burstgate's time over governor's: 1 key {one:.3} ({b1:.1} vs {g1:.1} ns), \
          10k keys {many:.3}; two threads' throughput over one: burstgate {two_b:.2}, governor \
-         {two_g:.2}"
+         {two_g:.2}; cache line between the cores {transfer:.0} ns"
     );
     Ok(())
 }
