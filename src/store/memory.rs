@@ -225,6 +225,9 @@ impl<C: Clock> MemoryStore<C> {
     }
 
     /// Reads and writes one bucket under its shard's lock.
+    // Inlined into `acquire` and so into the caller, where the limit's parameters and the checks
+    // on the arguments often fold away.
+    #[inline]
     fn with_bucket<T>(
         &self,
         key: &BucketKey,
