@@ -8,7 +8,11 @@
 //!
 //! - `control/...`: what this machine allows two threads, for work that shares nothing: the
 //!   same 10,000-key decisions, each thread on a `MemoryStore` of its own (`own_store`), and a
-//!   loop of integer arithmetic that touches no memory (`arith`), each on one thread and on two.
+//!   loop of integer arithmetic that touches no memory (`arith`), each on one thread and on two;
+//!   and `cache_line_between_threads`, the time one thread waits to see a write by the other
+//!   (a counter passed back and forth). Two threads on shared buckets wait about that long for
+//!   each cache line the other thread wrote last; on a virtual machine it moves with where the
+//!   host runs the two virtual CPUs, and the two-thread figures move with it.
 //!
 //! Every side admits every request (a rate no run can exhaust), so each measures its admit path,
 //! with the same keys (`client-<i>`) and the same rate. What each side pays per decision:
@@ -35,6 +39,7 @@
 use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::pin::pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant, SystemTime};
@@ -250,6 +255,25 @@ fn controls(c: &mut Criterion, keys: &[BucketKey]) {
     });
     group.bench_function("arith_2_threads", |b| {
         b.iter_custom(|iters| two_threads(iters, |_, n| arith_loop(n)))
+    });
+
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("cache_line_between_threads", |b| {
+        b.iter_custom(|iters| {
+            // Each thread sees the other's write `iters / 2` times: `iters` passes in all.
+            let passes = iters.div_ceil(2);
+            let turn = AtomicU64::new(0);
+            let elapsed = two_threads(passes, |w, n| {
+                for pass in 0..n {
+                    let mine = 2 * pass + w as u64;
+                    while turn.load(Ordering::Acquire) != mine {
+                        std::hint::spin_loop();
+                    }
+                    turn.store(mine + 1, Ordering::Release);
+                }
+            });
+            elapsed.mul_f64(iters as f64 / (2 * passes) as f64)
+        })
     });
     group.finish();
 }
