@@ -76,8 +76,6 @@ pub struct MemoryStore<C = SystemClock> {
 
 struct Inner {
     shards: Box<[Padded]>,
-    /// 64 minus log2 of the shard count: the shift that leaves a shard index.
-    shard_shift: u32,
     hasher: DefaultHashBuilder,
 }
 
@@ -90,8 +88,9 @@ impl Inner {
     /// and others over twice it.
     fn shard_of(&self, hash: u64) -> usize {
         let mixed = hash.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        // The shift is below 64, as there are at least two shards.
-        (mixed >> self.shard_shift) as usize
+        // The count is a power of two, at least two, so the shift (64 minus its log2) is
+        // below 64 and leaves an index below the count.
+        (mixed >> (64 - self.shards.len().trailing_zeros())) as usize
     }
 }
 
@@ -195,7 +194,6 @@ impl<C: Clock> MemoryStore<C> {
         Self {
             inner: Arc::new(Inner {
                 shards,
-                shard_shift: 64 - count.trailing_zeros(),
                 hasher: DefaultHashBuilder::default(),
             }),
             clock,
