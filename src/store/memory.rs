@@ -1,9 +1,11 @@
 //! The in-process store.
 
+use std::cell::RefCell;
 use std::fmt;
 use std::future::{Future, ready};
 use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use hashbrown::{DefaultHashBuilder, HashTable};
@@ -15,36 +17,61 @@ use crate::clock::{Clock, SystemClock, deadline_ms, whole_ms};
 use crate::store::{BucketStore, Decision, Quota, StoreError, check_cost};
 use crate::{BucketKey, Limit};
 
-/// Shards per thread the machine can run. A decision finds its shard locked about as often as
-/// the other threads, each holding some lock about half of the time, pick the same shard: with
-/// 32 per thread, about one decision in a hundred. Profiled on two threads sharing 10k keys (the
-/// `governor` bench), waiting for a locked shard took 1% of the time with 64 shards against 4%
-/// with 16. Each shard costs 128 bytes while empty.
-const SHARDS_PER_THREAD: usize = 32;
+/// Shards per thread the machine can run. A shard's lock is taken only for keys new to it, for
+/// a thread's first look at a table that has been replaced, and to replace the table, so a few
+/// per thread keep those waits rare.
+const SHARDS_PER_THREAD: usize = 8;
 
 /// The fewest shards a store has.
-const MIN_SHARDS: usize = 64;
+const MIN_SHARDS: usize = 16;
 
-/// How often, at most, a shard that is in use drops its full buckets.
+/// How often, at most, a shard that new keys reach rebuilds its table, dropping buckets that have
+/// been full for [`GRACE_MS`] and taking in its new keys.
 const SWEEP_EVERY_MS: f64 = 1_000.0;
 
-/// A shard sweeps early when it grows past this many buckets (doubling after each sweep).
-const MIN_SWEEP_LEN: usize = 64;
+/// How long a bucket stays after it is full again before a shard's own rebuild drops it. A key
+/// decided every few milliseconds at a rate far below its limit is full after each decision;
+/// without the grace, each rebuild would drop it and its next decision would create it again,
+/// under the shard's lock.
+const GRACE_MS: f64 = 1_000.0;
+
+/// A shard rebuilds its table early once this many new keys wait for it, or half as many as the
+/// table holds, whichever is more, so a flood of new keys costs each key a constant share of
+/// the rebuilds.
+const MIN_REBUILD_NEW: usize = 16;
+
+/// How many stores a thread keeps its view of the tables for.
+const STORES_PER_THREAD: usize = 4;
+
+/// Gives every store an identity that no later store reuses, for the threads' views of tables.
+static NEXT_STORE: AtomicU64 = AtomicU64::new(1);
 
 /// Buckets in this process's memory: the embedded default, and the store for unit tests.
 ///
-/// Decisions are exact under any contention: each bucket is read and written under the lock of
-/// its shard, and buckets are spread over many shards (a power of two, at least 64, sized to the
-/// machine's parallelism), so threads seldom wait on each other. Cloning is cheap and clones share
-/// the buckets.
+/// Decisions are exact under any contention: each bucket is read and written under a lock of its
+/// own, on the bucket's own cache line. A decision on a bucket that exists finds it through a
+/// table that is never changed once made, without taking any lock but the bucket's, so threads
+/// deciding for different keys write to no memory in common and do not wait for each other.
+/// Cloning is cheap and clones share the buckets.
+///
+/// Buckets are spread over shards (a power of two, 8 per thread the machine runs and at least
+/// 16). A key new to its shard waits in the shard's list of new keys, decided under the shard's
+/// lock, until the shard next rebuilds its table: at most a second later, or sooner when many
+/// new keys arrive.
 ///
 /// # Memory
 ///
 /// A bucket that has refilled to full says nothing a missing one would not (a missing bucket is a
-/// full one), so it is dropped. Each shard drops its full buckets when it is touched and a second
-/// has passed since its last sweep, or when it has doubled in size since then; [`sweep`](Self::sweep)
-/// drops them from every shard at once. A million keys seen once therefore do not
-/// stay in memory longer than their refill time, once traffic or a sweep reaches their shard.
+/// full one), so it is dropped. A shard that new keys reach rebuilds its table at most once a
+/// second (sooner while its new keys pile up), and leaves out buckets that have been full for a
+/// second or more; [`sweep`](Self::sweep) rebuilds every shard at once and leaves out every
+/// full bucket. A million keys seen once therefore do not stay in memory longer than their refill
+/// time and a second, once traffic on new keys or a sweep reaches their shard.
+///
+/// Each thread that decides on a store keeps its own reference to each shard's table (for its
+/// last four stores), so that finding a table costs it no write to memory another thread uses.
+/// A table that has been replaced is freed once every such thread has come back to its shard,
+/// used four other stores, or ended.
 ///
 /// ```
 /// use std::time::Duration;
@@ -75,6 +102,7 @@ pub struct MemoryStore<C = SystemClock> {
 }
 
 struct Inner {
+    id: u64,
     shards: Box<[Padded]>,
     hasher: DefaultHashBuilder,
 }
@@ -82,47 +110,117 @@ struct Inner {
 impl Inner {
     /// The shard of a key's hash: the top bits of the hash times 2^64 / φ (Fibonacci hashing),
     /// which depend on every bit of the hash. The table in the shard uses the hash's low bits
-    /// and top seven; the shard cannot take those without leaving the keys of a shard alike
-    /// there, and the bits in between, taken as they are, spread keys that differ in a digit
-    /// or two (`client-17`, `client-18`) unevenly, some shards getting a quarter of the mean
-    /// and others over twice it.
+    /// (and the new keys' table its top seven); the bits in between, taken as they are, spread
+    /// keys that differ in a digit or two (`client-17`, `client-18`) unevenly, some shards
+    /// getting a quarter of the mean and others over twice it.
     fn shard_of(&self, hash: u64) -> usize {
         let mixed = hash.wrapping_mul(0x9E37_79B9_7F4A_7C15);
         // The count is a power of two, at least two, so the shift (64 minus its log2) is
         // below 64 and leaves an index below the count.
         (mixed >> (64 - self.shards.len().trailing_zeros())) as usize
     }
+
+    /// This thread's view of every shard's table, made on the thread's first decision on this
+    /// store.
+    fn view<'a>(&self, views: &'a mut Vec<View>) -> &'a mut [Table] {
+        match views.iter().position(|v| v.store == self.id) {
+            Some(0) => {}
+            Some(at) => views[..=at].rotate_right(1),
+            None => {
+                let tables = self
+                    .shards
+                    .iter()
+                    .map(|s| Arc::clone(&lock(&s.0).table))
+                    .collect();
+                views.insert(
+                    0,
+                    View {
+                        store: self.id,
+                        tables,
+                    },
+                );
+                views.truncate(STORES_PER_THREAD);
+            }
+        }
+        match views.first_mut() {
+            Some(view) => &mut view.tables,
+            // Just placed at the front.
+            None => &mut [],
+        }
+    }
 }
 
-/// A shard on cache lines of its own, so threads working on neighbouring shards do not slow
-/// each other down by writing to the same line (false sharing).
+/// A shard on cache lines of its own, so that work on neighbouring shards does not make threads
+/// write to the same line (false sharing).
 #[repr(align(128))]
 struct Padded(Spinlock<Shard>);
 
 struct Shard {
-    buckets: HashTable<Slot>,
-    sweep_at_len: usize,
-    /// When the shard next drops its full buckets, in milliseconds since the epoch.
-    sweep_at: f64,
+    /// The buckets the shard has taken in: never changed once made, but through each bucket's
+    /// lock.
+    table: Table,
+    /// How many of the table's slots hold a bucket.
+    live: usize,
+    /// Buckets created since the table was made, decided under the shard's lock.
+    new: HashTable<Entry>,
+    /// When the shard next rebuilds its table for time's sake, in milliseconds since the epoch.
+    rebuild_at: f64,
 }
 
-/// One bucket, with its key, on one cache line: a decision on an existing key reads and writes
-/// this line and its shard's, nothing else.
+/// An open-addressed table, at most half full, searched by linear probing from the hash's low
+/// bits; an empty slot ends a search.
+type Table = Arc<[Slot]>;
+
+/// A bucket in a table, with its key, on one cache line: a decision on an existing key reads and
+/// writes this line and nothing another thread writes.
 #[repr(align(64))]
 struct Slot {
+    /// The top half of the key's hash with its lowest bit set; 0 for an empty slot.
+    tag: u32,
+    /// [`FREE`], [`HELD`] or [`GONE`].
+    lock: AtomicU8,
+    key: Key,
+    /// The state and the time it is full again, as `f64` bits, read and written under `lock`.
+    t: AtomicU64,
+    ts: AtomicU64,
+    full: AtomicU64,
+}
+
+/// A bucket no decision holds.
+const FREE: u8 = 0;
+/// A bucket a decision (or a rebuild) is reading and writing.
+const HELD: u8 = 1;
+/// A bucket copied into a newer table: its state here is stale, and a decision must look in the
+/// shard's current table.
+const GONE: u8 = 2;
+
+/// A bucket not yet in its shard's table.
+struct Entry {
     key: Key,
     state: State,
-    /// When the bucket is full again; after that the slot can go.
     full: f64,
 }
 
-/// Longer keys than this live on the heap. 38 bytes fill the slot's line exactly (with the
-/// length, the enum's tag and the 24 bytes of bucket), and cover most `bucket:key` forms:
-/// account names, IPv4 addresses, short API key ids. Hashed keys (64 hex digits) do not fit.
-const INLINE_LEN: usize = 38;
+/// A thread's references to the tables of one store.
+struct View {
+    store: u64,
+    tables: Box<[Table]>,
+}
+
+thread_local! {
+    /// This thread's views of the stores it decided on last, the latest first.
+    static VIEWS: RefCell<Vec<View>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Longer keys than this live on the heap. 30 bytes fill the slot's line exactly (with the tag,
+/// the lock, the length, the enum's tag and the 24 bytes of bucket), and cover most
+/// `bucket:key` forms: account names, IPv4 addresses, short API key ids. Hashed keys (64 hex
+/// digits) do not fit.
+const INLINE_LEN: usize = 30;
 
 /// A key as the table holds it: inline when short, which spares a decision the pointer chase
 /// (and a new key the allocation).
+#[derive(Clone)]
 enum Key {
     Inline { len: u8, bytes: [u8; INLINE_LEN] },
     Heap(Box<str>),
@@ -155,11 +253,109 @@ impl Key {
     }
 }
 
-/// The hash that picks both a key's shard and its slot in the shard's table.
+/// The hash that picks a key's shard and its slots in the shard's tables.
 fn hash(hasher: &DefaultHashBuilder, key: &[u8]) -> u64 {
     let mut h = hasher.build_hasher();
     h.write(key);
     h.finish()
+}
+
+/// The tag a slot holds for a hash: never 0, which marks an empty slot.
+#[inline]
+fn tag_of(hash: u64) -> u32 {
+    (hash >> 32) as u32 | 1
+}
+
+/// The slot of `id` in `table`, if it is there.
+#[inline]
+fn find<'t>(table: &'t [Slot], hash: u64, id: &str) -> Option<&'t Slot> {
+    let tag = tag_of(hash);
+    let mask = table.len().wrapping_sub(1);
+    let mut at = hash as usize & mask;
+    // A table is at most half full, so a search meets an empty slot within its length.
+    for _ in 0..table.len() {
+        let slot = table.get(at)?;
+        if slot.tag == tag && slot.key.is(id) {
+            return Some(slot);
+        }
+        if slot.tag == 0 {
+            return None;
+        }
+        at = (at + 1) & mask;
+    }
+    None
+}
+
+impl Slot {
+    fn empty() -> Self {
+        Slot {
+            tag: 0,
+            lock: AtomicU8::new(FREE),
+            key: Key::Inline {
+                len: 0,
+                bytes: [0; INLINE_LEN],
+            },
+            t: AtomicU64::new(0),
+            ts: AtomicU64::new(0),
+            full: AtomicU64::new(0),
+        }
+    }
+
+    /// Takes the bucket's lock, unless the bucket has gone to a newer table.
+    #[inline]
+    fn lock(&self, to: u8) -> bool {
+        let mut spins = 0;
+        loop {
+            match self
+                .lock
+                .compare_exchange_weak(FREE, to, Ordering::Acquire, Ordering::Relaxed)
+            {
+                Ok(_) => return true,
+                Err(GONE) => return false,
+                Err(_) => wait(&mut spins),
+            }
+        }
+    }
+
+    #[inline]
+    fn unlock(&self) {
+        self.lock.store(FREE, Ordering::Release);
+    }
+
+    /// The state, read under the lock.
+    #[inline]
+    fn state(&self) -> State {
+        State {
+            t: f64::from_bits(self.t.load(Ordering::Relaxed)),
+            ts: f64::from_bits(self.ts.load(Ordering::Relaxed)),
+        }
+    }
+
+    /// Writes a new state, under the lock.
+    #[inline]
+    fn write(&self, w: &Write) {
+        self.t.store(w.state.t.to_bits(), Ordering::Relaxed);
+        self.ts.store(w.state.ts.to_bits(), Ordering::Relaxed);
+        self.full.store(w.full.to_bits(), Ordering::Relaxed);
+    }
+
+    /// Decides on this bucket under its lock; gives `f` back when the bucket has gone to a newer
+    /// table.
+    #[inline]
+    fn decide<T, F>(&self, now_ms: u64, f: F) -> Result<T, F>
+    where
+        F: FnOnce(Option<State>, u64) -> (T, Option<Write>),
+    {
+        if !self.lock(HELD) {
+            return Err(f);
+        }
+        let (out, write) = f(Some(self.state()), now_ms);
+        if let Some(w) = write {
+            self.write(&w);
+        }
+        self.unlock();
+        Ok(out)
+    }
 }
 
 impl MemoryStore<SystemClock> {
@@ -185,14 +381,16 @@ impl<C: Clock> MemoryStore<C> {
         let shards = (0..count)
             .map(|_| {
                 Padded(Spinlock::new(Shard {
-                    buckets: HashTable::new(),
-                    sweep_at_len: MIN_SWEEP_LEN,
-                    sweep_at: 0.0,
+                    table: Arc::new([Slot::empty()]),
+                    live: 0,
+                    new: HashTable::new(),
+                    rebuild_at: 0.0,
                 }))
             })
             .collect();
         Self {
             inner: Arc::new(Inner {
+                id: NEXT_STORE.fetch_add(1, Ordering::Relaxed),
                 shards,
                 hasher: DefaultHashBuilder::default(),
             }),
@@ -205,7 +403,10 @@ impl<C: Clock> MemoryStore<C> {
         self.inner
             .shards
             .iter()
-            .map(|s| lock(&s.0).buckets.len())
+            .map(|s| {
+                let shard = lock(&s.0);
+                shard.live + shard.new.len()
+            })
             .sum()
     }
 
@@ -214,15 +415,29 @@ impl<C: Clock> MemoryStore<C> {
         self.len() == 0
     }
 
-    /// Drops every bucket that has refilled to full, in every shard, and gives their memory back.
+    /// Drops every bucket that has refilled to full, in every shard, and gives their memory back
+    /// (but for tables other threads still refer to; see [Memory](Self#memory)).
     pub fn sweep(&self) {
         let now = bucket::time(self.clock.now_ms());
+        let hasher = &self.inner.hasher;
         for shard in self.inner.shards.iter() {
-            lock(&shard.0).sweep(now, &self.inner.hasher);
+            lock(&shard.0).rebuild(now, now, hasher);
         }
+        // This thread's view moves to the new tables, so that it holds none of the old ones.
+        let _ = VIEWS.try_with(|views| {
+            let Ok(mut views) = views.try_borrow_mut() else {
+                return;
+            };
+            let Some(view) = views.iter_mut().find(|v| v.store == self.inner.id) else {
+                return;
+            };
+            for (table, shard) in view.tables.iter_mut().zip(self.inner.shards.iter()) {
+                *table = Arc::clone(&lock(&shard.0).table);
+            }
+        });
     }
 
-    /// Reads and writes one bucket under its shard's lock.
+    /// Reads and writes one bucket under its lock.
     // Inlined into `acquire` and so into the caller, where the limit's parameters and the checks
     // on the arguments often fold away.
     #[inline]
@@ -233,44 +448,97 @@ impl<C: Clock> MemoryStore<C> {
     ) -> T {
         let id = key.as_str();
         let hasher = &self.inner.hasher;
-        // One hash serves both the shard and the lookup inside it.
+        // One hash serves both the shard and the lookups inside it.
         let hash = hash(hasher, id.as_bytes());
         let index = self.inner.shard_of(hash);
-        // Read before the lock, so the lock is held for the arithmetic alone. A caller that read
-        // its time just before another's but locks after it finds a stored time ahead of its own,
-        // and, as for any clock behind the stored time, refills nothing for the gap.
+        // Read before any lock, so that locks are held for the arithmetic alone. A caller that
+        // read its time just before another's but locks after it finds a stored time ahead of its
+        // own, and, as for any clock behind the stored time, refills nothing for the gap.
         let now_ms = self.clock.now_ms();
-        let now = bucket::time(now_ms);
-        let mut shard = lock(&self.inner.shards[index].0);
-        if now >= shard.sweep_at {
-            shard.sweep(now, hasher);
+        // The hot path: an existing key, through this thread's view of its shard's table.
+        let mut f = Some(f);
+        let fast = VIEWS.try_with(|views| {
+            let mut views = views.try_borrow_mut().ok()?;
+            let table = self.inner.view(&mut views).get(index)?;
+            let slot = find(table, hash, id)?;
+            match slot.decide(now_ms, f.take()?) {
+                Ok(out) => Some(out),
+                Err(back) => {
+                    f = Some(back);
+                    None
+                }
+            }
+        });
+        match (fast, f) {
+            (Ok(Some(out)), _) => out,
+            (_, Some(f)) => self.with_bucket_locked(index, hash, id, now_ms, f),
+            // `f` is only taken by a decision that then returns its result.
+            (_, None) => unreachable!("a decision's function was used and its result lost"),
         }
-        // An existing bucket is read and written (or removed) through one lookup: the hot path.
-        // `f` is called from one place only, so that it is inlined here.
-        let found = shard.buckets.find_entry(hash, |s| s.key.is(id));
-        let (out, write) = f(found.as_ref().ok().map(|e| e.get().state), now_ms);
+    }
+
+    /// Decides under the shard's lock: a key new to the shard, or one this thread's view of the
+    /// table does not show as it is.
+    #[cold]
+    fn with_bucket_locked<T>(
+        &self,
+        index: usize,
+        hash: u64,
+        id: &str,
+        now_ms: u64,
+        f: impl FnOnce(Option<State>, u64) -> (T, Option<Write>),
+    ) -> T {
+        let hasher = &self.inner.hasher;
+        let now = bucket::time(now_ms);
+        let Some(padded) = self.inner.shards.get(index) else {
+            // `shard_of` gives an index below the count.
+            return f(None, now_ms).0;
+        };
+        let mut shard = lock(&padded.0);
+        if now >= shard.rebuild_at || shard.new.len() >= MIN_REBUILD_NEW.max(shard.live / 2) {
+            shard.rebuild(now - GRACE_MS, now, hasher);
+        }
+        // Bring this thread's view of the shard up to date, so that its next decision here takes
+        // the lock-free path.
+        let _ = VIEWS.try_with(|views| {
+            if let Ok(mut views) = views.try_borrow_mut() {
+                if let Some(table) = self.inner.view(&mut views).get_mut(index) {
+                    if !Arc::ptr_eq(table, &shard.table) {
+                        *table = Arc::clone(&shard.table);
+                    }
+                }
+            }
+        });
+        // Under the shard's lock no rebuild runs, so a bucket of the current table is never gone.
+        let f = match find(&shard.table, hash, id) {
+            Some(slot) => match slot.decide(now_ms, f) {
+                Ok(out) => return out,
+                Err(f) => f,
+            },
+            None => f,
+        };
+        let found = shard.new.find_entry(hash, |e| e.key.is(id));
+        let state = found.as_ref().ok().map(|e| e.get().state);
+        let (out, write) = f(state, now_ms);
         match (found, write) {
             (Ok(mut found), Some(w)) if w.full > now => {
-                let slot = found.get_mut();
-                slot.state = w.state;
-                slot.full = w.full;
+                let entry = found.get_mut();
+                entry.state = w.state;
+                entry.full = w.full;
             }
             // Full again: a missing bucket says the same, in less memory.
             (Ok(found), Some(_)) => {
                 found.remove();
             }
             (Err(_), Some(w)) if w.full > now => {
-                if shard.buckets.len() >= shard.sweep_at_len {
-                    shard.sweep(now, hasher);
-                }
-                let slot = Slot {
+                let entry = Entry {
                     key: Key::new(id),
                     state: w.state,
                     full: w.full,
                 };
                 shard
-                    .buckets
-                    .insert_unique(hash, slot, |s| self::hash(hasher, s.key.as_bytes()));
+                    .new
+                    .insert_unique(hash, entry, |e| self::hash(hasher, e.key.as_bytes()));
             }
             (_, _) => {}
         }
@@ -279,30 +547,79 @@ impl<C: Clock> MemoryStore<C> {
 }
 
 impl Shard {
-    fn sweep(&mut self, now: f64, hasher: &DefaultHashBuilder) {
-        self.buckets.retain(|s| s.full > now);
-        let len = self.buckets.len();
-        if self.buckets.capacity() > 4 * len.max(MIN_SWEEP_LEN) {
-            self.buckets
-                .shrink_to(2 * len, |s| hash(hasher, s.key.as_bytes()));
+    /// Replaces the table with one that holds its buckets still not full at `keep_after`, and the
+    /// new keys; each bucket of the old table is marked gone once copied, under its lock, so no
+    /// decision through the old table is lost.
+    fn rebuild(&mut self, keep_after: f64, now: f64, hasher: &DefaultHashBuilder) {
+        self.rebuild_at = now + SWEEP_EVERY_MS;
+        let new = std::mem::take(&mut self.new);
+        let mut kept: Vec<(u64, Entry)> = Vec::with_capacity(self.live + new.len());
+        for slot in self.table.iter().filter(|s| s.tag != 0) {
+            // Never unlocked: the bucket lives on in the new table.
+            if !slot.lock(GONE) {
+                continue;
+            }
+            let full = f64::from_bits(slot.full.load(Ordering::Relaxed));
+            if full > keep_after {
+                let entry = Entry {
+                    key: slot.key.clone(),
+                    state: slot.state(),
+                    full,
+                };
+                kept.push((hash(hasher, entry.key.as_bytes()), entry));
+            }
         }
-        self.sweep_at_len = (2 * len).max(MIN_SWEEP_LEN);
-        self.sweep_at = now + SWEEP_EVERY_MS;
+        kept.extend(
+            new.into_iter()
+                .filter(|e| e.full > keep_after)
+                .map(|e| (hash(hasher, e.key.as_bytes()), e)),
+        );
+        let len = (2 * kept.len()).next_power_of_two().max(1);
+        let mut slots: Vec<Slot> = (0..len).map(|_| Slot::empty()).collect();
+        let mask = len - 1;
+        self.live = kept.len();
+        for (hash, entry) in kept {
+            let mut at = hash as usize & mask;
+            // At most half full, so an empty slot comes within `len` steps.
+            while slots.get(at).is_some_and(|s| s.tag != 0) {
+                at = (at + 1) & mask;
+            }
+            if let Some(slot) = slots.get_mut(at) {
+                *slot = Slot {
+                    tag: tag_of(hash),
+                    lock: AtomicU8::new(FREE),
+                    key: entry.key,
+                    t: AtomicU64::new(entry.state.t.to_bits()),
+                    ts: AtomicU64::new(entry.state.ts.to_bits()),
+                    full: AtomicU64::new(entry.full.to_bits()),
+                };
+            }
+        }
+        self.table = slots.into();
     }
 }
 
-/// How many times a thread that finds a shard locked checks it again before it gives its core
-/// up for a while.
+/// How many times a thread that finds a lock taken checks it again before it gives its core up
+/// for a while.
 const SPINS_BEFORE_YIELD: u32 = 64;
+
+/// One more wait for a lock another thread holds: a spin, or after [`SPINS_BEFORE_YIELD`] of them
+/// a yield to the scheduler, so that a holder that was preempted gets a core back instead of
+/// waiting behind the spinner.
+#[inline]
+fn wait(spins: &mut u32) {
+    if *spins < SPINS_BEFORE_YIELD {
+        *spins += 1;
+        std::hint::spin_loop();
+    } else {
+        std::thread::yield_now();
+    }
+}
 
 /// Locks a shard.
 ///
-/// A spin lock, because a shard is held for a few dozen nanoseconds: taking it is one
-/// compare-and-swap and releasing it one plain store, where a `std::sync::Mutex` also swaps on
-/// release (to learn whether a sleeper needs waking), an atomic operation that costs about a
-/// tenth of a decision. A thread that finds the lock taken spins a little, then yields to the
-/// scheduler, so that a holder that was preempted gets a core back instead of waiting behind
-/// the spinner.
+/// A spin lock, because a shard is held for a few dozen nanoseconds (longer only while it
+/// rebuilds its table): taking it is one compare-and-swap and releasing it one plain store.
 #[inline]
 fn lock(shard: &Spinlock<Shard>) -> SpinlockGuard<'_, Shard> {
     loop {
@@ -311,12 +628,7 @@ fn lock(shard: &Spinlock<Shard>) -> SpinlockGuard<'_, Shard> {
         }
         let mut spins = 0;
         while shard.is_locked() {
-            if spins < SPINS_BEFORE_YIELD {
-                spins += 1;
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
-            }
+            wait(&mut spins);
         }
     }
 }
