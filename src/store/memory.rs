@@ -40,6 +40,10 @@ const GRACE_MS: f64 = 1_000.0;
 /// the rebuilds.
 const MIN_REBUILD_NEW: usize = 16;
 
+/// A shard with new keys rebuilds its table once this many decisions have been taken under its
+/// lock since it was made, or twice as many as it holds buckets, whichever is more.
+const MIN_REBUILD_LOCKED: usize = 64;
+
 /// How many stores a thread keeps its view of the tables for.
 const STORES_PER_THREAD: usize = 4;
 
@@ -165,6 +169,8 @@ struct Shard {
     new: HashTable<Entry>,
     /// When the shard next rebuilds its table for time's sake, in milliseconds since the epoch.
     rebuild_at: f64,
+    /// Decisions taken under the shard's lock since the table was made.
+    locked_decisions: usize,
 }
 
 /// An open-addressed table, at most half full, searched by linear probing from the hash's low
@@ -385,6 +391,7 @@ impl<C: Clock> MemoryStore<C> {
                     live: 0,
                     new: HashTable::new(),
                     rebuild_at: 0.0,
+                    locked_decisions: 0,
                 }))
             })
             .collect();
@@ -495,7 +502,8 @@ impl<C: Clock> MemoryStore<C> {
             return f(None, now_ms).0;
         };
         let mut shard = lock(&padded.0);
-        if now >= shard.rebuild_at || shard.new.len() >= MIN_REBUILD_NEW.max(shard.live / 2) {
+        shard.locked_decisions += 1;
+        if shard.wants_rebuild(now) {
             shard.rebuild(now - GRACE_MS, now, hasher);
         }
         // Bring this thread's view of the shard up to date, so that its next decision here takes
@@ -547,11 +555,24 @@ impl<C: Clock> MemoryStore<C> {
 }
 
 impl Shard {
+    /// Whether to rebuild the table before a decision under the lock: a second after the last
+    /// rebuild; once the new keys number half the table (and at least [`MIN_REBUILD_NEW`]); or
+    /// once the decisions under the lock since the last rebuild outnumber twice the buckets (and
+    /// [`MIN_REBUILD_LOCKED`]), so that a key decided often while new moves to the lock-free
+    /// path soon, and each such decision pays a constant share of the rebuild.
+    fn wants_rebuild(&self, now: f64) -> bool {
+        let held = self.live + self.new.len();
+        now >= self.rebuild_at
+            || self.new.len() >= MIN_REBUILD_NEW.max(self.live / 2)
+            || (!self.new.is_empty() && self.locked_decisions >= MIN_REBUILD_LOCKED.max(2 * held))
+    }
+
     /// Replaces the table with one that holds its buckets still not full at `keep_after`, and the
     /// new keys; each bucket of the old table is marked gone once copied, under its lock, so no
     /// decision through the old table is lost.
     fn rebuild(&mut self, keep_after: f64, now: f64, hasher: &DefaultHashBuilder) {
         self.rebuild_at = now + SWEEP_EVERY_MS;
+        self.locked_decisions = 0;
         let new = std::mem::take(&mut self.new);
         let mut kept: Vec<(u64, Entry)> = Vec::with_capacity(self.live + new.len());
         for slot in self.table.iter().filter(|s| s.tag != 0) {
