@@ -134,7 +134,7 @@ impl Inner {
                 let tables = self
                     .shards
                     .iter()
-                    .map(|s| Arc::clone(&lock(&s.0).table))
+                    .map(|s| lock(&s.0).table.clone())
                     .collect();
                 views.insert(
                     0,
@@ -173,16 +173,55 @@ struct Shard {
     locked_decisions: usize,
 }
 
-/// An open-addressed table, at most half full, searched by linear probing from the hash's low
-/// bits; an empty slot ends a search.
-type Table = Arc<[Slot]>;
+/// A shard's buckets: the buckets themselves, one after the other, and an index to them.
+///
+/// The index is an open-addressed table, at most half full, searched by linear probing from the
+/// hash's low bits. Each entry holds the top half of its key's hash (with the lowest bit set)
+/// and the position of its bucket; 0 marks an empty entry, which ends a search. The index is
+/// apart from the buckets so that a search reads only memory no decision writes: a search
+/// through the buckets themselves would read other keys' buckets on the way, and wait for them
+/// whenever another thread had just written them.
+#[derive(Clone)]
+struct Table {
+    index: Arc<[u64]>,
+    buckets: Arc<[Slot]>,
+}
+
+impl Table {
+    fn empty() -> Self {
+        Table {
+            index: Arc::new([0]),
+            buckets: Arc::new([]),
+        }
+    }
+
+    /// The bucket of `id`, if the table has it.
+    #[inline]
+    fn find(&self, hash: u64, id: &str) -> Option<&Slot> {
+        let tag = u64::from(tag_of(hash));
+        let mask = self.index.len().wrapping_sub(1);
+        let mut at = hash as usize & mask;
+        // The index is at most half full, so a search meets an empty entry within its length.
+        for _ in 0..self.index.len() {
+            let entry = *self.index.get(at)?;
+            if entry >> 32 == tag {
+                let slot = self.buckets.get(entry as u32 as usize)?;
+                if slot.key.is(id) {
+                    return Some(slot);
+                }
+            } else if entry == 0 {
+                return None;
+            }
+            at = (at + 1) & mask;
+        }
+        None
+    }
+}
 
 /// A bucket in a table, with its key, on one cache line: a decision on an existing key reads and
 /// writes this line and nothing another thread writes.
 #[repr(align(64))]
 struct Slot {
-    /// The top half of the key's hash with its lowest bit set; 0 for an empty slot.
-    tag: u32,
     /// [`FREE`], [`HELD`] or [`GONE`].
     lock: AtomicU8,
     key: Key,
@@ -218,8 +257,8 @@ thread_local! {
     static VIEWS: RefCell<Vec<View>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Longer keys than this live on the heap. 30 bytes fill the slot's line exactly (with the tag,
-/// the lock, the length, the enum's tag and the 24 bytes of bucket), and cover most
+/// Longer keys than this live on the heap. 30 bytes fill the slot's line (with the lock, the
+/// length, the enum's tag and the 24 bytes of bucket), and cover most
 /// `bucket:key` forms: account names, IPv4 addresses, short API key ids. Hashed keys (64 hex
 /// digits) do not fit.
 const INLINE_LEN: usize = 30;
@@ -266,47 +305,13 @@ fn hash(hasher: &DefaultHashBuilder, key: &[u8]) -> u64 {
     h.finish()
 }
 
-/// The tag a slot holds for a hash: never 0, which marks an empty slot.
+/// The tag an index entry holds for a hash: never 0, which marks an empty entry.
 #[inline]
 fn tag_of(hash: u64) -> u32 {
     (hash >> 32) as u32 | 1
 }
 
-/// The slot of `id` in `table`, if it is there.
-#[inline]
-fn find<'t>(table: &'t [Slot], hash: u64, id: &str) -> Option<&'t Slot> {
-    let tag = tag_of(hash);
-    let mask = table.len().wrapping_sub(1);
-    let mut at = hash as usize & mask;
-    // A table is at most half full, so a search meets an empty slot within its length.
-    for _ in 0..table.len() {
-        let slot = table.get(at)?;
-        if slot.tag == tag && slot.key.is(id) {
-            return Some(slot);
-        }
-        if slot.tag == 0 {
-            return None;
-        }
-        at = (at + 1) & mask;
-    }
-    None
-}
-
 impl Slot {
-    fn empty() -> Self {
-        Slot {
-            tag: 0,
-            lock: AtomicU8::new(FREE),
-            key: Key::Inline {
-                len: 0,
-                bytes: [0; INLINE_LEN],
-            },
-            t: AtomicU64::new(0),
-            ts: AtomicU64::new(0),
-            full: AtomicU64::new(0),
-        }
-    }
-
     /// Takes the bucket's lock, unless the bucket has gone to a newer table.
     #[inline]
     fn lock(&self, to: u8) -> bool {
@@ -387,7 +392,7 @@ impl<C: Clock> MemoryStore<C> {
         let shards = (0..count)
             .map(|_| {
                 Padded(Spinlock::new(Shard {
-                    table: Arc::new([Slot::empty()]),
+                    table: Table::empty(),
                     live: 0,
                     new: HashTable::new(),
                     rebuild_at: 0.0,
@@ -439,7 +444,7 @@ impl<C: Clock> MemoryStore<C> {
                 return;
             };
             for (table, shard) in view.tables.iter_mut().zip(self.inner.shards.iter()) {
-                *table = Arc::clone(&lock(&shard.0).table);
+                *table = lock(&shard.0).table.clone();
             }
         });
     }
@@ -467,7 +472,7 @@ impl<C: Clock> MemoryStore<C> {
         let fast = VIEWS.try_with(|views| {
             let mut views = views.try_borrow_mut().ok()?;
             let table = self.inner.view(&mut views).get(index)?;
-            let slot = find(table, hash, id)?;
+            let slot = table.find(hash, id)?;
             match slot.decide(now_ms, f.take()?) {
                 Ok(out) => Some(out),
                 Err(back) => {
@@ -511,14 +516,14 @@ impl<C: Clock> MemoryStore<C> {
         let _ = VIEWS.try_with(|views| {
             if let Ok(mut views) = views.try_borrow_mut() {
                 if let Some(table) = self.inner.view(&mut views).get_mut(index) {
-                    if !Arc::ptr_eq(table, &shard.table) {
-                        *table = Arc::clone(&shard.table);
+                    if !Arc::ptr_eq(&table.buckets, &shard.table.buckets) {
+                        *table = shard.table.clone();
                     }
                 }
             }
         });
         // Under the shard's lock no rebuild runs, so a bucket of the current table is never gone.
-        let f = match find(&shard.table, hash, id) {
+        let f = match shard.table.find(hash, id) {
             Some(slot) => match slot.decide(now_ms, f) {
                 Ok(out) => return out,
                 Err(f) => f,
@@ -575,7 +580,7 @@ impl Shard {
         self.locked_decisions = 0;
         let new = std::mem::take(&mut self.new);
         let mut kept: Vec<(u64, Entry)> = Vec::with_capacity(self.live + new.len());
-        for slot in self.table.iter().filter(|s| s.tag != 0) {
+        for slot in self.table.buckets.iter() {
             // Never unlocked: the bucket lives on in the new table.
             if !slot.lock(GONE) {
                 continue;
@@ -596,27 +601,35 @@ impl Shard {
                 .map(|e| (hash(hasher, e.key.as_bytes()), e)),
         );
         let len = (2 * kept.len()).next_power_of_two().max(1);
-        let mut slots: Vec<Slot> = (0..len).map(|_| Slot::empty()).collect();
+        let mut index = vec![0_u64; len];
         let mask = len - 1;
-        self.live = kept.len();
+        let mut buckets = Vec::with_capacity(kept.len());
         for (hash, entry) in kept {
             let mut at = hash as usize & mask;
-            // At most half full, so an empty slot comes within `len` steps.
-            while slots.get(at).is_some_and(|s| s.tag != 0) {
+            // At most half full, so an empty entry comes within `len` steps.
+            while index.get(at).is_some_and(|&e| e != 0) {
                 at = (at + 1) & mask;
             }
-            if let Some(slot) = slots.get_mut(at) {
-                *slot = Slot {
-                    tag: tag_of(hash),
-                    lock: AtomicU8::new(FREE),
-                    key: entry.key,
-                    t: AtomicU64::new(entry.state.t.to_bits()),
-                    ts: AtomicU64::new(entry.state.ts.to_bits()),
-                    full: AtomicU64::new(entry.full.to_bits()),
-                };
+            // A shard holds far fewer than 2^32 buckets: each takes 64 bytes.
+            let Ok(position) = u32::try_from(buckets.len()) else {
+                break;
+            };
+            if let Some(e) = index.get_mut(at) {
+                *e = u64::from(tag_of(hash)) << 32 | u64::from(position);
             }
+            buckets.push(Slot {
+                lock: AtomicU8::new(FREE),
+                key: entry.key,
+                t: AtomicU64::new(entry.state.t.to_bits()),
+                ts: AtomicU64::new(entry.state.ts.to_bits()),
+                full: AtomicU64::new(entry.full.to_bits()),
+            });
         }
-        self.table = slots.into();
+        self.live = buckets.len();
+        self.table = Table {
+            index: index.into(),
+            buckets: buckets.into(),
+        };
     }
 }
 
