@@ -195,9 +195,13 @@ impl Table {
         }
     }
 
-    /// The bucket of `id`, if the table has it.
+    /// The bucket of `id`, locked, if the table has it and it has not gone to a newer table.
+    ///
+    /// A bucket whose tag matches is locked before its key is read: its line then comes from
+    /// another core's cache once, ready to be written, where reading the key first would fetch
+    /// it to read and again to write.
     #[inline]
-    fn find(&self, hash: u64, id: &str) -> Option<&Slot> {
+    fn hold(&self, hash: u64, id: &str) -> Option<Held<'_>> {
         let tag = u64::from(tag_of(hash));
         let mask = self.index.len().wrapping_sub(1);
         let mut at = hash as usize & mask;
@@ -206,8 +210,12 @@ impl Table {
             let entry = *self.index.get(at)?;
             if entry >> 32 == tag {
                 let slot = self.buckets.get(entry as u32 as usize)?;
-                if slot.key.is(id) {
-                    return Some(slot);
+                match slot.lock(HELD) {
+                    true if slot.key.is(id) => return Some(Held(slot)),
+                    true => slot.unlock(),
+                    // Gone: the key's bucket, if this is it, is in a newer table.
+                    false if slot.key.is(id) => return None,
+                    false => {}
                 }
             } else if entry == 0 {
                 return None;
@@ -215,6 +223,27 @@ impl Table {
             at = (at + 1) & mask;
         }
         None
+    }
+}
+
+/// A bucket whose lock is held; dropping it releases the lock.
+struct Held<'t>(&'t Slot);
+
+impl Held<'_> {
+    /// Decides on the bucket.
+    #[inline]
+    fn decide<T>(self, now_ms: u64, f: impl FnOnce(Option<State>, u64) -> (T, Option<Write>)) -> T {
+        let (out, write) = f(Some(self.0.state()), now_ms);
+        if let Some(w) = write {
+            self.0.write(&w);
+        }
+        out
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.0.unlock();
     }
 }
 
@@ -349,24 +378,6 @@ impl Slot {
         self.ts.store(w.state.ts.to_bits(), Ordering::Relaxed);
         self.full.store(w.full.to_bits(), Ordering::Relaxed);
     }
-
-    /// Decides on this bucket under its lock; gives `f` back when the bucket has gone to a newer
-    /// table.
-    #[inline]
-    fn decide<T, F>(&self, now_ms: u64, f: F) -> Result<T, F>
-    where
-        F: FnOnce(Option<State>, u64) -> (T, Option<Write>),
-    {
-        if !self.lock(HELD) {
-            return Err(f);
-        }
-        let (out, write) = f(Some(self.state()), now_ms);
-        if let Some(w) = write {
-            self.write(&w);
-        }
-        self.unlock();
-        Ok(out)
-    }
 }
 
 impl MemoryStore<SystemClock> {
@@ -472,19 +483,13 @@ impl<C: Clock> MemoryStore<C> {
         let fast = VIEWS.try_with(|views| {
             let mut views = views.try_borrow_mut().ok()?;
             let table = self.inner.view(&mut views).get(index)?;
-            let slot = table.find(hash, id)?;
-            match slot.decide(now_ms, f.take()?) {
-                Ok(out) => Some(out),
-                Err(back) => {
-                    f = Some(back);
-                    None
-                }
-            }
+            let held = table.hold(hash, id)?;
+            Some(held.decide(now_ms, f.take()?))
         });
         match (fast, f) {
             (Ok(Some(out)), _) => out,
             (_, Some(f)) => self.with_bucket_locked(index, hash, id, now_ms, f),
-            // `f` is only taken by a decision that then returns its result.
+            // `f` is only taken once the bucket is held, and then decides.
             (_, None) => unreachable!("a decision's function was used and its result lost"),
         }
     }
@@ -523,13 +528,9 @@ impl<C: Clock> MemoryStore<C> {
             }
         });
         // Under the shard's lock no rebuild runs, so a bucket of the current table is never gone.
-        let f = match shard.table.find(hash, id) {
-            Some(slot) => match slot.decide(now_ms, f) {
-                Ok(out) => return out,
-                Err(f) => f,
-            },
-            None => f,
-        };
+        if let Some(held) = shard.table.hold(hash, id) {
+            return held.decide(now_ms, f);
+        }
         let found = shard.new.find_entry(hash, |e| e.key.is(id));
         let state = found.as_ref().ok().map(|e| e.get().state);
         let (out, write) = f(state, now_ms);
