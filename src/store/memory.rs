@@ -126,7 +126,20 @@ impl Inner {
 
     /// This thread's view of every shard's table, made on the thread's first decision on this
     /// store.
+    #[inline]
     fn view<'a>(&self, views: &'a mut Vec<View>) -> &'a mut [Table] {
+        // Split so that the usual case, the thread's latest store, is inlined into decisions.
+        if views.first().is_some_and(|v| v.store == self.id) {
+            return match views.first_mut() {
+                Some(view) => &mut view.tables,
+                None => &mut [],
+            };
+        }
+        self.other_view(views)
+    }
+
+    #[cold]
+    fn other_view<'a>(&self, views: &'a mut Vec<View>) -> &'a mut [Table] {
         match views.iter().position(|v| v.store == self.id) {
             Some(0) => {}
             Some(at) => views[..=at].rotate_right(1),
