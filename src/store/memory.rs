@@ -784,6 +784,7 @@ mod tests {
 
     use std::collections::HashMap;
     use std::mem::{align_of, size_of};
+    use std::sync::atomic::Ordering;
     use std::task::{Context, Poll, Waker};
     use std::time::UNIX_EPOCH;
 
@@ -1087,5 +1088,125 @@ mod tests {
     #[test]
     fn a_slot_fills_one_cache_line() {
         assert_eq!((size_of::<Slot>(), align_of::<Slot>()), (64, 64));
+    }
+
+    /// Threads racing on a few keys while another rebuilds every table over and over: each
+    /// rebuild copies the buckets the racers are deciding on, so a decision through an old
+    /// table that the copy missed would show as an admission past the burst, and a copy that
+    /// missed a decision as tokens left over.
+    #[test]
+    fn decisions_racing_through_rebuilds_are_exact() {
+        const THREADS: usize = 3;
+        const KEYS: usize = 3;
+        const BURST: u32 = 20_000;
+        const TRIES: usize = 25_000;
+        let store = MemoryStore::with_clock(ManualClock::new(START));
+        let limit = Limit::per_hour(1)
+            .and_then(|l| l.with_burst(BURST))
+            .expect("a valid limit");
+        let keys: Vec<BucketKey> = (0..KEYS)
+            .map(|i| BucketKey::new("rebuilt", format!("k{i}")))
+            .collect::<Result<_, _>>()
+            .expect("valid keys");
+        // Into the tables first, so that the racers take the lock-free path from the start.
+        for key in &keys {
+            let d = now_or_never(store.acquire(key, limit, 1, Duration::ZERO)).expect("decides");
+            assert!(d.is_admitted());
+        }
+        store.sweep();
+        let done = std::sync::atomic::AtomicBool::new(false);
+        let (admitted, rebuilds) = std::thread::scope(|s| {
+            let rebuilder = s.spawn(|| {
+                let mut rebuilds = 0_u32;
+                while !done.load(Ordering::Relaxed) {
+                    store.sweep();
+                    rebuilds += 1;
+                }
+                rebuilds
+            });
+            let workers: Vec<_> = (0..THREADS)
+                .map(|w| {
+                    let (store, keys) = (&store, &keys);
+                    s.spawn(move || {
+                        let mut admitted = [0_u32; KEYS];
+                        for i in 0..TRIES {
+                            let k = (i + w) % KEYS;
+                            let d = now_or_never(store.acquire(&keys[k], limit, 1, Duration::ZERO))
+                                .expect("decides");
+                            admitted[k] += u32::from(d.is_admitted());
+                        }
+                        admitted
+                    })
+                })
+                .collect();
+            let admitted: Vec<[u32; KEYS]> = workers
+                .into_iter()
+                .map(|w| w.join().expect("the worker finishes"))
+                .collect();
+            done.store(true, Ordering::Relaxed);
+            (admitted, rebuilder.join().expect("the rebuilder finishes"))
+        });
+        assert!(rebuilds >= 10, "only {rebuilds} rebuilds raced the decisions");
+        for (k, key) in keys.iter().enumerate() {
+            let total: u32 = admitted.iter().map(|a| a[k]).sum();
+            // One token went to the warm-up.
+            assert_eq!(total, BURST - 1, "key {k}, {rebuilds} rebuilds");
+            let left = now_or_never(store.peek(key, limit)).expect("peeks");
+            assert_eq!(left.remaining(), 0, "key {k}, {rebuilds} rebuilds");
+        }
+    }
+
+    /// A new key waits under its shard's lock only until it has been decided a few dozen times:
+    /// then the shard takes it into its table, where decisions need no shard lock.
+    #[test]
+    fn a_new_key_decided_often_moves_into_the_table() {
+        let store = MemoryStore::with_clock(ManualClock::new(START));
+        let limit = Limit::per_second(1_000)
+            .and_then(|l| l.with_burst(1_000_000))
+            .expect("a valid limit");
+        let key = BucketKey::new("hot", "new").expect("a valid key");
+        let hash = hash(&store.inner.hasher, key.as_str().as_bytes());
+        let shard = &store.inner.shards[store.inner.shard_of(hash)].0;
+        for i in 0..=MIN_REBUILD_LOCKED {
+            assert!(
+                now_or_never(store.acquire(&key, limit, 1, Duration::ZERO))
+                    .expect("decides")
+                    .is_admitted()
+            );
+            if i == 0 {
+                assert_eq!(lock(shard).new.len(), 1, "a new key waits with the new keys");
+            }
+        }
+        let shard = lock(shard);
+        assert_eq!((shard.new.len(), shard.live), (0, 1));
+        assert!(shard.table.hold(hash, key.as_str()).is_some());
+    }
+
+    /// One thread deciding on more stores than it keeps views of, in turns: each store's buckets
+    /// stay its own, whichever views the thread holds.
+    #[test]
+    fn a_thread_deciding_on_many_stores_keeps_each_exact() {
+        const STORES: usize = STORES_PER_THREAD + 3;
+        const BURST: u32 = 50;
+        let stores: Vec<_> = (0..STORES)
+            .map(|_| MemoryStore::with_clock(ManualClock::new(START)))
+            .collect();
+        let limit = Limit::per_hour(1)
+            .and_then(|l| l.with_burst(BURST))
+            .expect("a valid limit");
+        let key = BucketKey::new("many", "stores").expect("a valid key");
+        let mut admitted = [0_u32; STORES];
+        for round in 0..2 * BURST as usize {
+            for (s, store) in stores.iter().enumerate() {
+                // Some stores are taken into their tables now and then, so that views go stale.
+                if round % 7 == s % 3 {
+                    store.sweep();
+                }
+                let d = now_or_never(store.acquire(&key, limit, 1, Duration::ZERO))
+                    .expect("decides");
+                admitted[s] += u32::from(d.is_admitted());
+            }
+        }
+        assert_eq!(admitted, [BURST; STORES]);
     }
 }
