@@ -4,7 +4,12 @@
 //! - `keyed/<side>/10k_keys`: 10,000 `String` keys, round robin, one thread.
 //! - `keyed/<side>/10k_keys_2_threads`: the same on two threads at once, each making the
 //!   measured number of decisions from its own starting point, so both go through every key
-//!   (throughput counts both threads).
+//!   (throughput counts both threads). Each decision finds its bucket last written by the other
+//!   thread, so this is the most sharing two threads can do: every decision moves a cache line
+//!   from the other core (see `cache_line_between_threads` below).
+//! - `keyed/<side>/10k_keys_2_threads_own_halves`: two threads again, each going round its own
+//!   5,000 of the 10,000 keys in one store, as when each client's requests come in on one
+//!   connection and so on one worker thread: the threads share the store, but no bucket.
 //!
 //! - `control/...`: what this machine allows two threads, for work that shares nothing: the
 //!   same 10,000-key decisions, each thread on a `MemoryStore` of its own (`own_store`), and a
@@ -139,6 +144,23 @@ fn from_two_halves(
     });
 }
 
+/// Benchmarks `run(half, at, iters)` as `id` on two threads at once, each going round its own
+/// half of the [`MANY_KEYS`] keys, every sample starting where its last stopped.
+fn on_own_halves(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    id: &str,
+    run: impl Fn(usize, usize, u64) + Sync,
+) {
+    let mut next = 0;
+    group.bench_function(id, |b| {
+        b.iter_custom(|iters| {
+            let at = next;
+            next = (next + iters as usize) % (MANY_KEYS / 2);
+            two_threads(iters, |w, n| run(w, at, n))
+        })
+    });
+}
+
 /// Runs `work(worker, iters)` on two threads at once and returns the wall time.
 fn two_threads(iters: u64, work: impl Fn(usize, u64) + Sync) -> Duration {
     let barrier = Barrier::new(2);
@@ -220,6 +242,32 @@ fn bench(c: &mut Criterion) {
     from_two_halves(&mut group, "governor_std/10k_keys_2_threads", |at, n| {
         governor_loop(|k| limiter.check_key(k).is_ok(), &strings, at, n)
     });
+
+    let halves = |w: usize| w * MANY_KEYS / 2..(w + 1) * MANY_KEYS / 2;
+    let store = MemoryStore::new();
+    on_own_halves(
+        &mut group,
+        "burstgate/10k_keys_2_threads_own_halves",
+        |w, at, n| burstgate_loop(&store, &keys[halves(w)], at, n),
+    );
+    let store = MemoryStore::with_clock(QuantaClock::new());
+    on_own_halves(
+        &mut group,
+        "burstgate_quanta/10k_keys_2_threads_own_halves",
+        |w, at, n| burstgate_loop(&store, &keys[halves(w)], at, n),
+    );
+    let limiter = governor_limiter();
+    on_own_halves(
+        &mut group,
+        "governor/10k_keys_2_threads_own_halves",
+        |w, at, n| governor_loop(|k| limiter.check_key(k).is_ok(), &strings[halves(w)], at, n),
+    );
+    let limiter = governor_std_limiter();
+    on_own_halves(
+        &mut group,
+        "governor_std/10k_keys_2_threads_own_halves",
+        |w, at, n| governor_loop(|k| limiter.check_key(k).is_ok(), &strings[halves(w)], at, n),
+    );
     group.finish();
     controls(c, &keys);
 }
