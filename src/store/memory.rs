@@ -538,12 +538,11 @@ impl<C: Clock> MemoryStore<C> {
         // Bring this thread's view of the shard up to date, so that its next decision here takes
         // the lock-free path.
         let _ = VIEWS.try_with(|views| {
-            if let Ok(mut views) = views.try_borrow_mut() {
-                if let Some(table) = self.inner.view(&mut views).get_mut(index) {
-                    if !Arc::ptr_eq(&table.buckets, &shard.table.buckets) {
-                        *table = shard.table.clone();
-                    }
-                }
+            if let Ok(mut views) = views.try_borrow_mut()
+                && let Some(table) = self.inner.view(&mut views).get_mut(index)
+                && !Arc::ptr_eq(&table.buckets, &shard.table.buckets)
+            {
+                *table = shard.table.clone();
             }
         });
         // Under the shard's lock no rebuild runs, so a bucket of the current table is never gone.
