@@ -1010,30 +1010,36 @@ mod tests {
         }
     }
 
-    /// Threads racing on a few keys (and on their shards' locks) admit exactly each bucket's
-    /// burst, no more and no less: no decision reads a state another is writing.
-    #[test]
-    fn threads_racing_on_shared_buckets_admit_exactly_the_burst() {
-        const THREADS: usize = 4;
-        const KEYS: usize = 3;
-        const BURST: u32 = 5_000;
-        const TRIES: usize = 6_000;
+    /// A store on a standing clock, a limit of `burst` tokens that refills one an hour, and
+    /// three keys.
+    fn race_setup(burst: u32) -> (MemoryStore<ManualClock>, Limit, Vec<BucketKey>) {
         let store = MemoryStore::with_clock(ManualClock::new(START));
         let limit = Limit::per_hour(1)
-            .and_then(|l| l.with_burst(BURST))
+            .and_then(|l| l.with_burst(burst))
             .expect("a valid limit");
-        let keys: Vec<BucketKey> = (0..KEYS)
+        let keys = (0..3)
             .map(|i| BucketKey::new("race", format!("k{i}")))
             .collect::<Result<_, _>>()
             .expect("valid keys");
-        let admitted: Vec<[u32; KEYS]> = std::thread::scope(|s| {
-            let workers: Vec<_> = (0..THREADS)
+        (store, limit, keys)
+    }
+
+    /// `threads` threads at once, each making `tries` acquires on `keys` in turn (thread `w`
+    /// from key `w` on): the admissions of each key, summed over the threads.
+    fn race(
+        store: &MemoryStore<ManualClock>,
+        limit: Limit,
+        keys: &[BucketKey],
+        threads: usize,
+        tries: usize,
+    ) -> Vec<u32> {
+        std::thread::scope(|s| {
+            let workers: Vec<_> = (0..threads)
                 .map(|w| {
-                    let (store, keys) = (&store, &keys);
                     s.spawn(move || {
-                        let mut admitted = [0; KEYS];
-                        for i in 0..TRIES {
-                            let k = (i + w) % KEYS;
+                        let mut admitted = vec![0_u32; keys.len()];
+                        for i in 0..tries {
+                            let k = (i + w) % keys.len();
                             let d = now_or_never(store.acquire(&keys[k], limit, 1, Duration::ZERO))
                                 .expect("decides");
                             admitted[k] += u32::from(d.is_admitted());
@@ -1045,12 +1051,20 @@ mod tests {
             workers
                 .into_iter()
                 .map(|w| w.join().expect("the worker finishes"))
-                .collect()
-        });
-        for k in 0..KEYS {
-            let total: u32 = admitted.iter().map(|a| a[k]).sum();
-            assert_eq!(total, BURST, "key {k}");
-        }
+                .fold(vec![0; keys.len()], |sum, a| {
+                    sum.iter().zip(a).map(|(s, a)| s + a).collect()
+                })
+        })
+    }
+
+    /// Threads racing on a few keys (and on their locks) admit exactly each bucket's burst, no
+    /// more and no less: no decision reads a state another is writing.
+    #[test]
+    fn threads_racing_on_shared_buckets_admit_exactly_the_burst() {
+        const BURST: u32 = 5_000;
+        let (store, limit, keys) = race_setup(BURST);
+        let admitted = race(&store, limit, &keys, 4, 6_000);
+        assert_eq!(admitted, vec![BURST; keys.len()]);
     }
 
     /// Keys alike but for a few digits, as rate-limit keys often are, spread over the shards as
@@ -1098,18 +1112,8 @@ mod tests {
     /// missed a decision as tokens left over.
     #[test]
     fn decisions_racing_through_rebuilds_are_exact() {
-        const THREADS: usize = 3;
-        const KEYS: usize = 3;
         const BURST: u32 = 20_000;
-        const TRIES: usize = 25_000;
-        let store = MemoryStore::with_clock(ManualClock::new(START));
-        let limit = Limit::per_hour(1)
-            .and_then(|l| l.with_burst(BURST))
-            .expect("a valid limit");
-        let keys: Vec<BucketKey> = (0..KEYS)
-            .map(|i| BucketKey::new("rebuilt", format!("k{i}")))
-            .collect::<Result<_, _>>()
-            .expect("valid keys");
+        let (store, limit, keys) = race_setup(BURST);
         // Into the tables first, so that the racers take the lock-free path from the start.
         for key in &keys {
             let d = now_or_never(store.acquire(key, limit, 1, Duration::ZERO)).expect("decides");
@@ -1126,25 +1130,7 @@ mod tests {
                 }
                 rebuilds
             });
-            let workers: Vec<_> = (0..THREADS)
-                .map(|w| {
-                    let (store, keys) = (&store, &keys);
-                    s.spawn(move || {
-                        let mut admitted = [0_u32; KEYS];
-                        for i in 0..TRIES {
-                            let k = (i + w) % KEYS;
-                            let d = now_or_never(store.acquire(&keys[k], limit, 1, Duration::ZERO))
-                                .expect("decides");
-                            admitted[k] += u32::from(d.is_admitted());
-                        }
-                        admitted
-                    })
-                })
-                .collect();
-            let admitted: Vec<[u32; KEYS]> = workers
-                .into_iter()
-                .map(|w| w.join().expect("the worker finishes"))
-                .collect();
+            let admitted = race(&store, limit, &keys, 3, 25_000);
             done.store(true, Ordering::Relaxed);
             (admitted, rebuilder.join().expect("the rebuilder finishes"))
         });
@@ -1152,10 +1138,9 @@ mod tests {
             rebuilds >= 10,
             "only {rebuilds} rebuilds raced the decisions"
         );
+        // One token each went to the warm-up.
+        assert_eq!(admitted, vec![BURST - 1; keys.len()], "{rebuilds} rebuilds");
         for (k, key) in keys.iter().enumerate() {
-            let total: u32 = admitted.iter().map(|a| a[k]).sum();
-            // One token went to the warm-up.
-            assert_eq!(total, BURST - 1, "key {k}, {rebuilds} rebuilds");
             let left = now_or_never(store.peek(key, limit)).expect("peeks");
             assert_eq!(left.remaining(), 0, "key {k}, {rebuilds} rebuilds");
         }
