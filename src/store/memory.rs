@@ -176,8 +176,6 @@ struct Shard {
     /// The buckets the shard has taken in: never changed once made, but through each bucket's
     /// lock.
     table: Table,
-    /// How many of the table's slots hold a bucket.
-    live: usize,
     /// Buckets created since the table was made, decided under the shard's lock.
     new: HashTable<Entry>,
     /// When the shard next rebuilds its table for time's sake, in milliseconds since the epoch.
@@ -426,7 +424,6 @@ impl<C: Clock> MemoryStore<C> {
             .map(|_| {
                 Padded(Spinlock::new(Shard {
                     table: Table::empty(),
-                    live: 0,
                     new: HashTable::new(),
                     rebuild_at: 0.0,
                     locked_decisions: 0,
@@ -451,7 +448,7 @@ impl<C: Clock> MemoryStore<C> {
             .iter()
             .map(|s| {
                 let shard = lock(&s.0);
-                shard.live + shard.new.len()
+                shard.table.buckets.len() + shard.new.len()
             })
             .sum()
     }
@@ -530,11 +527,7 @@ impl<C: Clock> MemoryStore<C> {
     ) -> T {
         let hasher = &self.inner.hasher;
         let now = bucket::time(now_ms);
-        let Some(padded) = self.inner.shards.get(index) else {
-            // `shard_of` gives an index below the count.
-            return f(None, now_ms).0;
-        };
-        let mut shard = lock(&padded.0);
+        let mut shard = lock(&self.inner.shards[index].0);
         shard.locked_decisions += 1;
         if shard.wants_rebuild(now) {
             shard.rebuild(now - GRACE_MS, now, hasher);
@@ -589,12 +582,13 @@ impl Shard {
     /// [`MIN_REBUILD_LOCKED`]), so that a key decided often while new moves to the lock-free
     /// path soon, and each such decision pays a constant share of the rebuild.
     fn wants_rebuild(&self, now: f64) -> bool {
-        let held = self.live + self.new.len();
+        let live = self.table.buckets.len();
+        let held = live + self.new.len();
         // Buckets a full table left with the new keys do not count as new: counted, they would
         // make every decision under the lock rebuild.
         let new = self.new.len().saturating_sub(self.overflow);
         now >= self.rebuild_at
-            || new >= MIN_REBUILD_NEW.max(self.live / 2)
+            || new >= MIN_REBUILD_NEW.max(live / 2)
             || (new > 0 && self.locked_decisions >= MIN_REBUILD_LOCKED.max(2 * held))
     }
 
@@ -605,7 +599,7 @@ impl Shard {
         self.rebuild_at = now + SWEEP_EVERY_MS;
         self.locked_decisions = 0;
         let new = std::mem::take(&mut self.new);
-        let mut kept: Vec<(u64, Entry)> = Vec::with_capacity(self.live + new.len());
+        let mut kept: Vec<(u64, Entry)> = Vec::with_capacity(self.table.buckets.len() + new.len());
         for slot in self.table.buckets.iter() {
             // Never unlocked: the bucket lives on in the new table.
             if !slot.lock(GONE) {
@@ -655,7 +649,6 @@ impl Shard {
                 full: AtomicU64::new(entry.full.to_bits()),
             });
         }
-        self.live = buckets.len();
         self.overflow = self.new.len();
         self.table = Table {
             index: index.into(),
@@ -1180,7 +1173,7 @@ mod tests {
             }
         }
         let shard = lock(shard);
-        assert_eq!((shard.new.len(), shard.live), (0, 1));
+        assert_eq!((shard.new.len(), shard.table.buckets.len()), (0, 1));
         assert!(shard.table.hold(hash, key.as_str()).is_some());
     }
 
