@@ -118,6 +118,14 @@ impl ConnectionLike for Switch {
     }
 }
 
+/// Lets `d` pass on tokio's clock, which the circuit breaker keeps time on, at once: tokio's
+/// time is paused only for the jump, since calls to a real Redis need it running.
+async fn skip(d: Duration) {
+    tokio::time::pause();
+    tokio::time::advance(d).await;
+    tokio::time::resume();
+}
+
 fn limit(per_second: u32, burst: u32) -> Limit {
     Limit::per_second(per_second)
         .and_then(|l| l.with_burst(burst))
@@ -192,12 +200,14 @@ async fn the_circuit_probes_after_open_for_and_closes_when_redis_answers() {
     // Redis is back, but the circuit stays open for its second...
     conn.set(UP);
     clock.advance(Duration::from_millis(999));
+    skip(Duration::from_millis(999)).await;
     let e = store.acquire(&k, l, 1, ZERO).await.unwrap_err();
     assert!(
         matches!(e, StoreError::Unavailable { retry_in } if retry_in == Duration::from_millis(1))
     );
     // ...then one call probes, Redis answers, and the circuit closes.
     clock.advance(Duration::from_millis(1));
+    skip(Duration::from_millis(1)).await;
     let d = store
         .acquire(&k, l, 1, ZERO)
         .await
@@ -221,7 +231,7 @@ async fn a_failed_probe_keeps_the_circuit_open_for_another_period() {
         store.acquire(&k, limit(1, 5), 1, ZERO).await,
         Err(StoreError::Backend(_))
     ));
-    clock.advance(Duration::from_millis(100));
+    skip(Duration::from_millis(100)).await;
     assert!(matches!(
         store.acquire(&k, limit(1, 5), 1, ZERO).await,
         Err(StoreError::Backend(_))
@@ -601,13 +611,13 @@ async fn every_change_of_the_circuit_is_a_tracing_event() {
     let l = limit(1, 5);
     conn.set(REFUSING);
     assert!(store.acquire(&k, l, 1, ZERO).await.is_err());
-    clock.advance(Duration::from_secs(1));
+    skip(Duration::from_secs(1)).await;
     assert!(
         store.acquire(&k, l, 1, ZERO).await.is_err(),
         "the probe fails"
     );
     conn.set(UP);
-    clock.advance(Duration::from_secs(1));
+    skip(Duration::from_secs(1)).await;
     assert!(
         store.acquire(&k, l, 1, ZERO).await.is_ok(),
         "the probe succeeds"
@@ -623,4 +633,119 @@ async fn every_change_of_the_circuit_is_a_tracing_event() {
     ];
     let seen: Vec<(tracing::Level, &str)> = seen.iter().map(|(l, m)| (*l, m.as_str())).collect();
     assert_eq!(seen, expected);
+}
+
+/// Opens the circuit of `store` (on `conn`, hanging) with three timed-out calls, waits out its
+/// `open_for`, and starts a probe that a 5 ms timeout cancels, as a client that went away or a
+/// tower timeout shorter than the store's would.
+async fn open_and_cancel_a_probe(store: &RedisStore<Switch, ManualClock>, conn: &Switch, l: Limit) {
+    let k = key("cancelled-probe");
+    conn.set(HANGING);
+    for _ in 0..3 {
+        // An error, or under fail open an admission: either way a timed-out call.
+        let _ = store.acquire(&k, l, 1, ZERO).await;
+    }
+    assert!(store.is_circuit_open());
+    skip(Duration::from_millis(500)).await;
+    let probe = tokio::time::timeout(Duration::from_millis(5), store.acquire(&k, l, 1, ZERO));
+    assert!(probe.await.is_err(), "the probe hangs and is cancelled");
+}
+
+/// Calls `store` until its circuit closes, on real time, and returns how long that took and how
+/// many commands reached Redis meanwhile.
+async fn until_closed(
+    store: &RedisStore<Switch, ManualClock>,
+    conn: &Switch,
+    l: Limit,
+) -> (Duration, usize) {
+    let k = key("recovery");
+    let (started, calls) = (std::time::Instant::now(), conn.calls());
+    while store.is_circuit_open() && started.elapsed() < Duration::from_secs(10) {
+        let _ = store.acquire(&k, l, 1, ZERO).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    (started.elapsed(), conn.calls() - calls)
+}
+
+#[tokio::test]
+async fn a_dropped_probe_wedges_the_circuit_forever() {
+    for policy in [OutagePolicy::FailClosed, OutagePolicy::FailOpen] {
+        let clock = ManualClock::new(START);
+        let conn = Switch::new().await;
+        let store = store(conn.clone(), &clock)
+            .with_timeout(Duration::from_millis(50))
+            .on_outage(policy);
+        let l = Limit::per_minute(1).expect("a valid limit");
+        open_and_cancel_a_probe(&store, &conn, l).await;
+        conn.set(UP);
+        let (took, reached) = until_closed(&store, &conn, l).await;
+        assert!(
+            !store.is_circuit_open(),
+            "{policy:?}: still open after {took:?}"
+        );
+        assert!(
+            took < Duration::from_secs(3),
+            "{policy:?}: closed after {took:?}"
+        );
+        assert!(reached > 0, "{policy:?}: calls reach Redis again");
+        // And the limit is kept again: 1 per minute, no burst.
+        let k = key("after");
+        assert!(
+            store
+                .acquire(&k, l, 1, ZERO)
+                .await
+                .expect("decides")
+                .is_admitted()
+        );
+        let second = store.acquire(&k, l, 1, ZERO).await.expect("decides");
+        assert!(!second.is_admitted(), "{policy:?}: the limit holds again");
+    }
+}
+
+#[tokio::test]
+async fn a_wall_clock_step_back_keeps_the_circuit_open() {
+    let clock = ManualClock::new(START);
+    let conn = Switch::new().await;
+    let store = store(conn.clone(), &clock).with_timeout(Duration::from_millis(50));
+    let l = limit(1, 5);
+    let k = key("step");
+    conn.set(HANGING);
+    for _ in 0..3 {
+        assert!(store.acquire(&k, l, 1, ZERO).await.is_err());
+    }
+    assert!(store.is_circuit_open());
+    // The store's clock steps back an hour (NTP, a restored VM) while the circuit is open.
+    clock.set(START - 3_600_000);
+    conn.set(UP);
+    let (took, reached) = until_closed(&store, &conn, l).await;
+    assert!(!store.is_circuit_open(), "still open after {took:?}");
+    assert!(took < Duration::from_secs(3), "closed after {took:?}");
+    assert!(reached > 0);
+}
+
+#[tokio::test]
+async fn a_probe_that_never_answers_is_superseded_after_open_for() {
+    let clock = ManualClock::new(START);
+    let conn = Switch::new().await;
+    // A timeout far longer than the breaker's period: the probe is stuck, not timed out.
+    let store = store(conn.clone(), &clock)
+        .with_timeout(Duration::from_secs(60))
+        .with_breaker(Breaker::new(1, Duration::from_millis(100)));
+    let l = limit(1, 5);
+    let k = key("stuck");
+    conn.set(REFUSING);
+    assert!(store.acquire(&k, l, 1, ZERO).await.is_err());
+    assert!(store.is_circuit_open());
+    conn.set(HANGING);
+    skip(Duration::from_millis(100)).await;
+    let stuck = {
+        let store = store.clone();
+        tokio::spawn(async move { store.acquire(&key("stuck"), l, 1, ZERO).await })
+    };
+    tokio::task::yield_now().await;
+    conn.set(UP);
+    let (took, _) = until_closed(&store, &conn, l).await;
+    assert!(!store.is_circuit_open(), "still open after {took:?}");
+    assert!(took < Duration::from_secs(3), "closed after {took:?}");
+    stuck.abort();
 }

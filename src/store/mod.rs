@@ -230,6 +230,13 @@ pub enum StoreError {
         /// The full store key.
         key: String,
     },
+    /// The bucket's stored value is one no store could have written (not finite, a time out of
+    /// range, more debt than any reservation leaves): someone else wrote the key. The call was
+    /// refused without changing it; delete the key to start the bucket afresh.
+    CorruptBucket {
+        /// The bucket key's [`fingerprint`](crate::BucketKey::fingerprint), not the key itself.
+        fingerprint: String,
+    },
     /// The backend failed: connection lost or refused, or it answered something unexpected. The
     /// backend's own error is the [`source`](StdError::source).
     Backend(BackendError),
@@ -257,6 +264,10 @@ impl fmt::Display for StoreError {
             Self::WrongType { key } => {
                 write!(f, "store key {key:?} holds a value that is not a bucket")
             }
+            Self::CorruptBucket { fingerprint } => write!(
+                f,
+                "the bucket with key fingerprint {fingerprint} holds a value no store could have written"
+            ),
             Self::Backend(e) => fmt::Display::fmt(e, f),
             Self::Timeout { after } => write!(f, "the store did not answer within {after:?}"),
             Self::Unavailable { retry_in } => write!(

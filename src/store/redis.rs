@@ -19,8 +19,8 @@ mod deny_cache;
 mod outage;
 
 use deny_cache::DenyCache;
+use outage::Circuit;
 pub use outage::{Breaker, OutagePolicy};
-use outage::{Circuit, Pass};
 
 /// The version of the stored format, part of every key: a change of the stored type moves to new
 /// keys instead of meeting old values. 1 was a hash `{t, ts}` with decimal fields; 2 one 16-byte
@@ -39,6 +39,9 @@ const DEFAULT_PREFIX: &str = "burstgate";
 const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
 
 const SOURCE: &str = include_str!("bucket.lua");
+
+/// The error code the script answers a stored value with that no script could have written.
+const CORRUPT_CODE: &str = "BURSTGATE_CORRUPT";
 
 /// The script, shared by every store in the process: its SHA-1 is computed once.
 fn script() -> &'static redis::Script {
@@ -266,9 +269,9 @@ where
         Self { policy, ..self }
     }
 
-    /// When the circuit opens, and for how long. Starts closed. Its time is the store's
-    /// [`Clock`], so with a [`ManualClock`](crate::ManualClock) an open circuit stays open until
-    /// the clock is advanced past its `open_for`.
+    /// When the circuit opens, and for how long. Starts closed. Its time is tokio's monotonic
+    /// clock, not the store's [`Clock`]: a wall clock that steps back cannot hold it open, and
+    /// under tokio's paused time it follows `tokio::time::advance`.
     #[must_use]
     pub fn with_breaker(self, breaker: Breaker) -> Self {
         Self {
@@ -303,13 +306,15 @@ where
 
     /// Runs the script for one bucket, through the circuit breaker and within the timeout.
     async fn run(&self, key: &BucketKey, now: u64, args: Args) -> Result<Reply, Failure> {
-        let pass = self.circuit.pass(now);
-        if let Pass::Open(retry_in) = pass {
-            // Answered without waiting on anything: spend tokio's budget, so that a loop of such
-            // calls still lets other tasks run.
-            tokio::task::coop::consume_budget().await;
-            return Err(Failure::Outage(StoreError::Unavailable { retry_in }));
-        }
+        let ticket = match self.circuit.pass() {
+            Ok(ticket) => ticket,
+            Err(retry_in) => {
+                // Answered without waiting on anything: spend tokio's budget, so that a loop of
+                // such calls still lets other tasks run.
+                tokio::task::coop::consume_budget().await;
+                return Err(Failure::Outage(StoreError::Unavailable { retry_in }));
+            }
+        };
         let redis_key = RedisKey {
             prefix: &self.prefix,
             key,
@@ -321,29 +326,46 @@ where
                 done => done,
             }
         };
+        // Dropped here with the rest of this future if the caller goes away: a probe's ticket
+        // then counts as a failure, and the circuit is never left waiting for it.
         match tokio::time::timeout(self.timeout, call).await {
             Ok(Ok(value)) => {
-                self.circuit.success(pass);
+                ticket.success();
                 parse_reply(&value, &args, now).map_err(Failure::Fatal)
             }
             Ok(Err(e)) if e.code() == Some("WRONGTYPE") => {
                 // Redis answered: it is up, the data is wrong.
-                self.circuit.success(pass);
+                ticket.success();
                 Err(Failure::Fatal(StoreError::WrongType {
                     key: redis_key.to_string(),
+                }))
+            }
+            Ok(Err(e)) if e.code() == Some(CORRUPT_CODE) => {
+                ticket.success();
+                Err(Failure::Fatal(StoreError::CorruptBucket {
+                    fingerprint: key.fingerprint(),
                 }))
             }
             Ok(Err(e)) if is_redirect(&e) => {
                 // A slot on the move: the nodes are up and answering. The call failed, but this
                 // is no outage, and must not open the circuit for every key.
-                self.circuit.success(pass);
+                ticket.success();
                 Err(Failure::Outage(StoreError::Backend(BackendError::new(
                     "redis call redirected while a cluster slot moved",
                     Some(Box::new(e)),
                 ))))
             }
+            Ok(Err(e)) if about_the_call(&e) => {
+                // Redis answered about this call (the script failed on this key's value): the
+                // server is up and other keys are unaffected.
+                ticket.success();
+                Err(Failure::Fatal(StoreError::Backend(BackendError::new(
+                    "redis refused the bucket script's call",
+                    Some(Box::new(e)),
+                ))))
+            }
             Ok(Err(e)) => {
-                self.circuit.failure(pass, self.clock.now_ms(), &e);
+                ticket.failure(&e);
                 Err(Failure::Outage(StoreError::Backend(BackendError::new(
                     "redis call failed",
                     Some(Box::new(e)),
@@ -353,7 +375,7 @@ where
                 let error = StoreError::Timeout {
                     after: self.timeout,
                 };
-                self.circuit.failure(pass, self.clock.now_ms(), &error);
+                ticket.failure(&error);
                 Err(Failure::Outage(error))
             }
         }
@@ -428,6 +450,17 @@ fn not_executed(e: &RedisError) -> bool {
             )
         )
         || e.code() == Some("BUSY")
+}
+
+/// An error Redis answered about the call itself, not about its own state: a script error (such
+/// as a `SET` the value at this key made fail) or an aborted transaction. Such an error concerns
+/// one key's data, so it must not count toward the circuit breaker, which would then refuse
+/// every key.
+fn about_the_call(e: &RedisError) -> bool {
+    matches!(
+        e.kind(),
+        ErrorKind::Server(ServerErrorKind::ResponseError | ServerErrorKind::ExecAbort)
+    )
 }
 
 /// Cluster redirections that a cluster connection gave up following: the slot is moving.

@@ -2,7 +2,7 @@
 //! circuit breaker that lets it answer at once while Redis is down.
 
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::clock::whole_ms;
@@ -57,6 +57,13 @@ pub enum OutagePolicy {
 /// answers, the circuit closes and calls go to Redis again; if not, it stays open for another
 /// `open_for`. So decisions resume at most `open_for` plus one round trip after Redis is back.
 ///
+/// A probe whose caller is dropped before Redis answers (a client that went away, a timeout
+/// around the store call, a `select!`) counts as a failed probe, and a probe that never answers
+/// (a peer that stopped without closing the connection) is superseded by the next call once
+/// `open_for` has passed since it began: no caller, gone or stuck, can keep the circuit open.
+/// The breaker keeps time on tokio's monotonic clock, never on the store's
+/// [`Clock`](crate::Clock), so a wall clock that steps back does not hold the circuit open.
+///
 /// The default is 3 failures and 500 ms. Each change is a `tracing` event on the target
 /// `burstgate::redis`: a warning when the circuit opens, an info event when it closes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,35 +99,47 @@ impl Default for Breaker {
 }
 
 /// The breaker's shared state. Lock-free: it is read on every call.
+///
+/// Time is tokio's monotonic [`Instant`](tokio::time::Instant), never the store's clock: a wall
+/// clock that steps back (NTP, a restored VM) must not keep the circuit open, and a
+/// [`ManualClock`](crate::ManualClock) left alone in a test must not either.
 #[derive(Debug)]
 pub(super) struct Circuit {
     config: Breaker,
+    /// The origin of the times below.
+    base: tokio::time::Instant,
     /// Failed calls in a row.
     failures: AtomicU32,
-    /// While open, until when (ms since the epoch, the store's clock); 0 when closed.
+    /// While open, until when (ms since `base`, plus one); 0 when closed.
     open_until: AtomicU64,
-    /// A probe is on its way through a half-open circuit.
-    probing: AtomicBool,
+    /// When the probe on its way through the half-open circuit started (ms since `base`, plus
+    /// one); 0 when there is none. A probe older than `open_for` is superseded: its caller may be
+    /// stuck behind a peer that never answers.
+    probe: AtomicU64,
 }
 
-/// Whether a call may go to Redis.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Pass {
-    /// The circuit is closed.
-    Closed,
-    /// The circuit is half-open and this call is its probe.
-    Probe,
-    /// The circuit is open: answer by the policy, for about this long yet.
-    Open(Duration),
+/// Whether a call may go to Redis, and the obligation to report how it went.
+///
+/// A ticket that is dropped unreported (its caller was dropped mid-call: a client that went
+/// away, a timeout around the store, a `select!`) reports itself: a dropped probe counts as a
+/// failed one, so the probe slot is never held by a call that no longer exists; a dropped call
+/// through the closed circuit says nothing about Redis and counts for nothing.
+#[derive(Debug)]
+pub(super) struct Ticket<'a> {
+    circuit: &'a Circuit,
+    /// `Some(started)` when this call is the probe.
+    probe: Option<u64>,
+    reported: bool,
 }
 
 impl Circuit {
     pub(super) fn new(config: Breaker) -> Self {
         Self {
             config,
+            base: tokio::time::Instant::now(),
             failures: AtomicU32::new(0),
             open_until: AtomicU64::new(0),
-            probing: AtomicBool::new(false),
+            probe: AtomicU64::new(0),
         }
     }
 
@@ -132,51 +151,88 @@ impl Circuit {
         self.open_until.load(Ordering::Acquire) != 0
     }
 
-    pub(super) fn pass(&self, now: u64) -> Pass {
+    /// Milliseconds since `base`, plus one, so that no reading is 0.
+    fn now(&self) -> u64 {
+        let since = tokio::time::Instant::now().saturating_duration_since(self.base);
+        whole_ms(since).saturating_add(1)
+    }
+
+    fn open_for_ms(&self) -> u64 {
+        whole_ms(self.config.open_for)
+    }
+
+    /// A ticket for one call, or how long the circuit stays open yet.
+    pub(super) fn pass(&self) -> Result<Ticket<'_>, Duration> {
         let until = self.open_until.load(Ordering::Acquire);
         if until == 0 {
-            return Pass::Closed;
+            return Ok(self.ticket(None));
         }
+        let now = self.now();
         if now < until {
-            return Pass::Open(Duration::from_millis(until - now));
+            return Err(Duration::from_millis(until - now));
         }
-        if self
-            .probing
-            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
+        let probe = self.probe.load(Ordering::Acquire);
+        let superseded = probe != 0 && now >= probe.saturating_add(self.open_for_ms());
+        if (probe == 0 || superseded)
+            && self
+                .probe
+                .compare_exchange(probe, now, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
         {
-            Pass::Probe
-        } else {
-            Pass::Open(self.config.open_for)
+            if superseded {
+                tracing::warn!(
+                    target: "burstgate::redis",
+                    "the probe of the open circuit never answered: a new one goes"
+                );
+            }
+            return Ok(self.ticket(Some(now)));
+        }
+        // Another call is probing; it is superseded at the latest `open_for` after it began.
+        let started = self.probe.load(Ordering::Acquire);
+        let left = started
+            .saturating_add(self.open_for_ms())
+            .saturating_sub(now);
+        Err(Duration::from_millis(left.max(1)))
+    }
+
+    fn ticket(&self, probe: Option<u64>) -> Ticket<'_> {
+        Ticket {
+            circuit: self,
+            probe,
+            reported: false,
         }
     }
 
-    /// Redis answered.
-    pub(super) fn success(&self, pass: Pass) {
+    fn succeeded(&self, probe: Option<u64>) {
         self.failures.store(0, Ordering::Release);
-        if pass == Pass::Probe || self.is_open() {
-            if self.open_until.swap(0, Ordering::AcqRel) != 0 {
-                tracing::info!(target: "burstgate::redis", "redis answered again: circuit closed");
-            }
-            if pass == Pass::Probe {
-                self.probing.store(false, Ordering::Release);
-            }
+        if let Some(started) = probe {
+            let _ = self
+                .probe
+                .compare_exchange(started, 0, Ordering::AcqRel, Ordering::Acquire);
+        }
+        if (probe.is_some() || self.is_open()) && self.open_until.swap(0, Ordering::AcqRel) != 0 {
+            tracing::info!(target: "burstgate::redis", "redis answered again: circuit closed");
         }
     }
 
-    /// Redis failed or did not answer in time.
-    pub(super) fn failure(&self, pass: Pass, now: u64, error: &dyn std::fmt::Display) {
-        let open_for = whole_ms(self.config.open_for);
-        let until = now.saturating_add(open_for).max(1);
-        if pass == Pass::Probe {
-            self.open_until.store(until, Ordering::Release);
-            self.probing.store(false, Ordering::Release);
-            tracing::warn!(
-                target: "burstgate::redis",
-                open_for_ms = open_for,
-                %error,
-                "redis still failing: circuit stays open"
-            );
+    fn failed(&self, probe: Option<u64>, error: &dyn std::fmt::Display) {
+        let open_for = self.open_for_ms();
+        let until = self.now().saturating_add(open_for);
+        if let Some(started) = probe {
+            // A probe that a newer one superseded leaves the newer one's slot alone.
+            if self
+                .probe
+                .compare_exchange(started, 0, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                self.open_until.store(until, Ordering::Release);
+                tracing::warn!(
+                    target: "burstgate::redis",
+                    open_for_ms = open_for,
+                    %error,
+                    "redis still failing: circuit stays open"
+                );
+            }
             return;
         }
         let failed = self
@@ -200,42 +256,122 @@ impl Circuit {
     }
 }
 
+impl Ticket<'_> {
+    /// Redis answered.
+    pub(super) fn success(mut self) {
+        self.reported = true;
+        self.circuit.succeeded(self.probe);
+    }
+
+    /// Redis failed or did not answer in time.
+    pub(super) fn failure(mut self, error: &dyn std::fmt::Display) {
+        self.reported = true;
+        self.circuit.failed(self.probe, error);
+    }
+}
+
+impl Drop for Ticket<'_> {
+    fn drop(&mut self) {
+        if !self.reported && self.probe.is_some() {
+            self.circuit.failed(
+                self.probe,
+                &"the probe's caller went away before redis answered",
+            );
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn opens_after_the_threshold_and_probes_after_open_for() {
-        let c = Circuit::new(Breaker::new(3, Duration::from_millis(500)));
-        for _ in 0..2 {
-            assert_eq!(c.pass(1_000), Pass::Closed);
-            c.failure(Pass::Closed, 1_000, &"down");
-        }
-        assert!(!c.is_open());
-        c.failure(Pass::Closed, 1_000, &"down");
-        assert!(c.is_open());
-        assert_eq!(c.pass(1_200), Pass::Open(Duration::from_millis(300)));
-        // Once open_for has passed, exactly one call probes.
-        assert_eq!(c.pass(1_500), Pass::Probe);
-        assert!(matches!(c.pass(1_500), Pass::Open(_)));
-        // A failed probe keeps it open for another open_for.
-        c.failure(Pass::Probe, 1_510, &"down");
-        assert_eq!(c.pass(1_600), Pass::Open(Duration::from_millis(410)));
-        assert_eq!(c.pass(2_010), Pass::Probe);
-        c.success(Pass::Probe);
-        assert!(!c.is_open());
-        assert_eq!(c.pass(2_011), Pass::Closed);
+    fn advance(ms: u64) -> impl std::future::Future<Output = ()> {
+        tokio::time::advance(Duration::from_millis(ms))
     }
 
-    #[test]
-    fn a_success_resets_the_count() {
-        let c = Circuit::new(Breaker::new(2, Duration::from_millis(10)));
-        c.failure(Pass::Closed, 0, &"down");
-        c.success(Pass::Closed);
-        c.failure(Pass::Closed, 0, &"down");
-        assert!(!c.is_open(), "the failures were not in a row");
-        c.failure(Pass::Closed, 0, &"down");
+    fn is_probe(pass: &Result<Ticket<'_>, Duration>) -> bool {
+        matches!(pass, Ok(t) if t.probe.is_some())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn opens_after_the_threshold_and_probes_after_open_for() {
+        let c = Circuit::new(Breaker::new(3, Duration::from_millis(500)));
+        for _ in 0..2 {
+            c.pass().expect("closed").failure(&"down");
+        }
+        assert!(!c.is_open());
+        c.pass().expect("closed").failure(&"down");
         assert!(c.is_open());
+        advance(200).await;
+        assert_eq!(c.pass().err(), Some(Duration::from_millis(300)));
+        // Once open_for has passed, exactly one call probes.
+        advance(300).await;
+        let probe = c.pass();
+        assert!(is_probe(&probe));
+        assert!(c.pass().is_err());
+        // A failed probe keeps it open for another open_for.
+        advance(10).await;
+        probe.expect("the probe").failure(&"down");
+        advance(90).await;
+        assert_eq!(c.pass().err(), Some(Duration::from_millis(410)));
+        advance(410).await;
+        c.pass().expect("a probe").success();
+        assert!(!c.is_open());
+        assert!(matches!(c.pass(), Ok(t) if t.probe.is_none()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_success_resets_the_count() {
+        let c = Circuit::new(Breaker::new(2, Duration::from_millis(10)));
+        c.pass().expect("closed").failure(&"down");
+        c.pass().expect("closed").success();
+        c.pass().expect("closed").failure(&"down");
+        assert!(!c.is_open(), "the failures were not in a row");
+        c.pass().expect("closed").failure(&"down");
+        assert!(c.is_open());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dropped_probe_releases_its_slot_and_counts_as_a_failure() {
+        let c = Circuit::new(Breaker::new(1, Duration::from_millis(500)));
+        c.pass().expect("closed").failure(&"down");
+        advance(500).await;
+        let probe = c.pass();
+        assert!(is_probe(&probe));
+        // The probe's caller is dropped mid-call.
+        drop(probe);
+        assert!(c.is_open(), "a cancelled probe is a failed one");
+        assert_eq!(c.pass().err(), Some(Duration::from_millis(500)));
+        advance(500).await;
+        let probe = c.pass();
+        assert!(is_probe(&probe), "the slot was released");
+        probe.expect("the probe").success();
+        assert!(!c.is_open());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_probe_that_never_answers_is_superseded_after_open_for() {
+        let c = Circuit::new(Breaker::new(1, Duration::from_millis(500)));
+        c.pass().expect("closed").failure(&"down");
+        advance(500).await;
+        let stuck = c.pass();
+        assert!(is_probe(&stuck));
+        advance(499).await;
+        assert_eq!(c.pass().err(), Some(Duration::from_millis(1)));
+        advance(1).await;
+        let second = c.pass();
+        assert!(is_probe(&second), "superseded");
+        // The stuck probe failing at last leaves the new probe's slot alone.
+        stuck.expect("the stuck probe").failure(&"down");
+        second.expect("the second probe").success();
+        assert!(!c.is_open());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dropped_call_through_the_closed_circuit_counts_for_nothing() {
+        let c = Circuit::new(Breaker::new(1, Duration::from_millis(500)));
+        drop(c.pass());
+        assert!(!c.is_open());
     }
 
     #[test]
