@@ -404,6 +404,86 @@ async fn fault_suite() {
     for policy in policies() {
         flushes_and_a_wrong_type_key(policy).await;
     }
+    a_stalled_redis_spends_the_budget_of_calls_that_were_all_refused().await;
+}
+
+/// 2,000 acquires at once on a bucket of 2,000 while Redis is stopped for 600 ms: every call times
+/// out, and only those in flight when it stopped may have spent their tokens. The rest were never
+/// sent, so the bucket keeps their tokens.
+async fn a_stalled_redis_spends_the_budget_of_calls_that_were_all_refused() {
+    for connect in [false, true] {
+        stall(connect).await;
+    }
+}
+
+/// The stall, through [`RedisStore::connect`]'s connection or a plain multiplexed one.
+async fn stall(connect: bool) {
+    const CALLS: u32 = 2_000;
+    let server = redis_server::spawn("").expect("a redis-server of our own");
+    let url = format!("redis://127.0.0.1:{}/", server.port);
+    let prefix = redis_server::unique_prefix();
+    let store: Arc<dyn burstgate::DynBucketStore> = if connect {
+        let store = RedisStore::connect(&url).await.expect("connects");
+        Arc::new(store.with_prefix(&prefix).expect("a valid prefix"))
+    } else {
+        let conn = redis::Client::open(url.as_str())
+            .expect("a valid Redis URL")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("a connection");
+        Arc::new(
+            RedisStore::new(conn)
+                .with_prefix(&prefix)
+                .expect("a valid prefix"),
+        )
+    };
+    let l = Limit::per_minute(1)
+        .and_then(|l| l.with_burst(CALLS))
+        .expect("a valid limit");
+    let key = BucketKey::new("faults", "stall").expect("a valid key");
+    // The script is loaded, as on a server that has been serving for a while: a first call after
+    // the stall then runs it, rather than meeting NOSCRIPT.
+    let warm = BucketKey::new("faults", "warm").expect("a valid key");
+    store
+        .acquire(&warm, l, 1, Duration::ZERO)
+        .await
+        .expect("Redis is up");
+    signal(server.pid, "STOP");
+    let calls: Vec<_> = (0..CALLS)
+        .map(|_| {
+            let (store, key) = (store.clone(), key.clone());
+            tokio::spawn(async move { store.acquire(&key, l, 1, Duration::ZERO).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    signal(server.pid, "CONT");
+    let mut admitted = 0;
+    for call in calls {
+        let result = call.await.expect("no panic");
+        admitted += u32::from(matches!(result, Ok(d) if d.is_admitted()));
+    }
+    // Once the circuit lets calls through again, what the bucket holds.
+    let started = Instant::now();
+    let remaining = loop {
+        match store.peek(&key, l).await {
+            Ok(q) => break q.remaining(),
+            Err(_) if started.elapsed() < Duration::from_secs(5) => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("Redis never answered again: {e}"),
+        }
+    };
+    println!(
+        "stalled  fail closed  {CALLS} acquires while stopped 600 ms, {}: admitted {admitted}, \
+         {remaining} tokens left, {} spent by calls that were refused",
+        if connect { "connect()" } else { "multiplexed" },
+        CALLS - admitted - remaining
+    );
+    assert!(
+        admitted + remaining >= 1_800,
+        "admitted {admitted} + remaining {remaining}: the stall spent refused calls' budget"
+    );
+    redis_server::kill(server);
 }
 
 async fn flushes_and_a_wrong_type_key(policy: OutagePolicy) {

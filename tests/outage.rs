@@ -749,3 +749,115 @@ async fn a_probe_that_never_answers_is_superseded_after_open_for() {
     assert!(took < Duration::from_secs(3), "closed after {took:?}");
     stuck.abort();
 }
+
+#[tokio::test]
+async fn caches_shared_across_prefixes_deny_another_tenants_first_request() {
+    let clock = ManualClock::new(START);
+    let base = RedisStore::new(Switch::new().await).with_clock(clock.clone());
+    let tenant = |store: &RedisStore<Switch, ManualClock>| {
+        store
+            .clone()
+            .with_prefix(&redis_server::unique_prefix())
+            .expect("a valid prefix")
+    };
+    let (a, b) = (tenant(&base), tenant(&base));
+    let k = key("tenant");
+    let l = Limit::per_minute(1).expect("a valid limit");
+    assert!(
+        a.acquire(&k, l, 1, ZERO)
+            .await
+            .expect("decides")
+            .is_admitted()
+    );
+    assert!(
+        !a.acquire(&k, l, 1, ZERO)
+            .await
+            .expect("decides")
+            .is_admitted()
+    );
+    // Tenant A's denial is in A's deny cache only: B's same bucket key is another bucket.
+    assert!(
+        b.acquire(&k, l, 1, ZERO)
+            .await
+            .expect("decides")
+            .is_admitted(),
+        "tenant B's first request ever"
+    );
+
+    // The same for the local buckets of the outage policy.
+    let conn = Switch::detached();
+    conn.set(REFUSING);
+    let processes = NonZeroU32::new(1).expect("non-zero");
+    let base = store(conn, &clock).on_outage(OutagePolicy::Local { processes });
+    let (a, b) = (tenant(&base), tenant(&base));
+    assert!(
+        a.acquire(&k, l, 1, ZERO)
+            .await
+            .expect("local")
+            .is_admitted()
+    );
+    assert!(
+        !a.acquire(&k, l, 1, ZERO)
+            .await
+            .expect("local")
+            .is_admitted()
+    );
+    assert!(
+        b.acquire(&k, l, 1, ZERO)
+            .await
+            .expect("local")
+            .is_admitted(),
+        "tenant B's local bucket is its own"
+    );
+}
+
+#[tokio::test]
+async fn the_deny_cache_stays_stale_until_its_state_refills_to_full() {
+    let clock = ManualClock::new(START);
+    let conn = Switch::new().await;
+    let s = store(conn.clone(), &clock);
+    let k = key("stale");
+    let l = limit(10, 5);
+    for _ in 0..5 {
+        assert!(
+            s.acquire(&k, l, 1, ZERO)
+                .await
+                .expect("decides")
+                .is_admitted()
+        );
+    }
+    let denied = s.acquire(&k, l, 1, ZERO).await.expect("decides");
+    assert_eq!(denied.retry_after(), Some(Duration::from_millis(100)));
+    // Redis loses the bucket (a restart without persistence, FLUSHALL): it is full there now.
+    let mut admin = redis::Client::open(redis_server::url())
+        .expect("a valid Redis URL")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("a connection");
+    let _: () = redis::cmd("DEL")
+        .arg(s.redis_key(&k))
+        .query_async(&mut admin)
+        .await
+        .expect("DEL");
+    // The documented bound: stale at most until the retry_after of the denial that filled it.
+    clock.advance(Duration::from_millis(100));
+    let mut admitted = 0;
+    for _ in 0..5 {
+        admitted += usize::from(
+            s.acquire(&k, l, 1, ZERO)
+                .await
+                .expect("decides")
+                .is_admitted(),
+        );
+    }
+    assert_eq!(
+        admitted, 5,
+        "Redis holds a full bucket, and the cache follows it"
+    );
+    assert!(
+        !s.acquire(&k, l, 1, ZERO)
+            .await
+            .expect("decides")
+            .is_admitted()
+    );
+}

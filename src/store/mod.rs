@@ -246,7 +246,8 @@ pub enum StoreError {
         /// The timeout that passed.
         after: Duration,
     },
-    /// The backend was not asked: its circuit breaker is open after repeated failures.
+    /// The backend was not asked: its circuit breaker is open after repeated failures, or every
+    /// slot for calls in flight stayed taken for the whole timeout. Nothing was spent.
     Unavailable {
         /// About how long until the breaker lets a call try the backend again.
         retry_in: Duration,

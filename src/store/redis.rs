@@ -18,7 +18,7 @@ use crate::{BucketKey, InvalidKey, Limit};
 mod deny_cache;
 mod outage;
 
-use deny_cache::DenyCache;
+use deny_cache::{Check, DenyCache};
 use outage::Circuit;
 pub use outage::{Breaker, OutagePolicy};
 
@@ -152,6 +152,8 @@ pub struct RedisStore<C, K = SystemClock> {
     timeout: Duration,
     policy: OutagePolicy,
     circuit: Arc<Circuit>,
+    /// Slots for calls in flight to Redis, shared by every clone and prefix.
+    in_flight: Arc<tokio::sync::Semaphore>,
     deny: Option<Arc<DenyCache>>,
     /// The buckets of [`OutagePolicy::Local`], made whatever the policy: they cost nothing
     /// until used.
@@ -162,12 +164,17 @@ pub struct RedisStore<C, K = SystemClock> {
 /// where one group costs most (README, "Redis speed").
 const CONNECT_PIPELINE_BUFFER: usize = 8;
 
+/// Calls in flight to Redis at once, by default: see [`RedisStore::with_max_in_flight`].
+const DEFAULT_MAX_IN_FLIGHT: usize = 128;
+
 impl RedisStore<redis::aio::ConnectionManager, SystemClock> {
     /// Connects to the Redis at `url` (`redis://`, or `rediss://` with TLS) through a
     /// reconnecting [`ConnectionManager`](redis::aio::ConnectionManager): reconnection attempts
     /// at most 200 ms apart, a 1 s limit on each connection attempt, no response timeout of
     /// its own, since the store's [`with_timeout`](Self::with_timeout) bounds every call, and a
-    /// pipeline buffer of 8 calls (redis-rs's default is 50).
+    /// pipeline buffer of 8 calls (redis-rs's default is 50), and redis-rs's own limit of calls
+    /// awaiting an answer set to the store's default bound on calls in flight (128; see
+    /// [`with_max_in_flight`](Self::with_max_in_flight)).
     ///
     /// The buffer is how many calls the connection takes in before it writes them to Redis in
     /// one go. Many tasks on one connection otherwise move as one group: Redis serves all their
@@ -189,7 +196,8 @@ impl RedisStore<redis::aio::ConnectionManager, SystemClock> {
             .set_max_delay(Duration::from_millis(200))
             .set_connection_timeout(Some(Duration::from_secs(1)))
             .set_response_timeout(None)
-            .set_pipeline_buffer_size(CONNECT_PIPELINE_BUFFER);
+            .set_pipeline_buffer_size(CONNECT_PIPELINE_BUFFER)
+            .set_concurrency_limit(DEFAULT_MAX_IN_FLIGHT);
         let conn = redis::aio::ConnectionManager::new_with_config(client, config)
             .await
             .map_err(backend("could not connect to Redis"))?;
@@ -213,6 +221,7 @@ where
             timeout: DEFAULT_TIMEOUT,
             policy: OutagePolicy::default(),
             circuit: Arc::new(Circuit::new(Breaker::default())),
+            in_flight: Arc::new(tokio::sync::Semaphore::new(DEFAULT_MAX_IN_FLIGHT)),
             deny: Some(Arc::new(DenyCache::new())),
         }
     }
@@ -225,12 +234,21 @@ where
 {
     /// Puts every key under `prefix` instead of `burstgate`. The prefix follows the rule for
     /// bucket names: 1 to 64 ASCII letters, digits, `_`, `.` or `-`.
+    ///
+    /// The store that returns has a deny cache and [`OutagePolicy::Local`] buckets of its own
+    /// (and its clones share them): the same [`BucketKey`] under two prefixes names two
+    /// buckets. The connection, the circuit breaker and the bound on calls in flight stay
+    /// shared, since they concern the one Redis behind both.
     pub fn with_prefix(self, prefix: &str) -> Result<Self, InvalidKey> {
         if !crate::key::is_name(prefix) {
             return Err(InvalidKey::Prefix);
         }
+        // Caches of their own: they are keyed by bucket key, and another prefix's buckets are
+        // other buckets.
         Ok(Self {
             prefix: Arc::from(prefix),
+            deny: self.deny.as_ref().map(|_| Arc::new(DenyCache::new())),
+            local: MemoryStore::with_clock(Arc::clone(&self.clock)),
             ..self
         })
     }
@@ -247,6 +265,7 @@ where
             timeout: self.timeout,
             policy: self.policy,
             circuit: self.circuit,
+            in_flight: self.in_flight,
             deny: self.deny,
         }
     }
@@ -276,6 +295,25 @@ where
     pub fn with_breaker(self, breaker: Breaker) -> Self {
         Self {
             circuit: Arc::new(Circuit::new(breaker)),
+            ..self
+        }
+    }
+
+    /// At most `calls` calls to Redis in flight at once from this store and its clones (128 by
+    /// default; at least 1). A call beyond waits for a slot within its
+    /// [timeout](Self::with_timeout), and is answered [`StoreError::Unavailable`] without being
+    /// sent if none frees up in time, or if the circuit opened while it waited. So a stalled
+    /// Redis holds at most `calls` calls, whose tokens may be spent when it resumes; every other
+    /// caller's tokens are left alone.
+    ///
+    /// Size it to the concurrency at which the connection gives most of its throughput: one
+    /// multiplexed connection is limited by Redis itself well before 128 calls in flight, and
+    /// more only lengthen the queue, and what a stall can spend.
+    #[must_use]
+    pub fn with_max_in_flight(self, calls: usize) -> Self {
+        let calls = calls.clamp(1, tokio::sync::Semaphore::MAX_PERMITS);
+        Self {
+            in_flight: Arc::new(tokio::sync::Semaphore::new(calls)),
             ..self
         }
     }
@@ -315,6 +353,27 @@ where
                 return Err(Failure::Outage(StoreError::Unavailable { retry_in }));
             }
         };
+        // A slot among the calls in flight. Taken before anything is sent, so that a caller who
+        // gives up while waiting for one leaves nothing queued to run later.
+        let mut timeout = self.timeout;
+        let _slot = match self.in_flight.try_acquire() {
+            Ok(slot) => slot,
+            Err(_) => {
+                let waited = tokio::time::Instant::now();
+                let slot = tokio::time::timeout(timeout, self.in_flight.acquire()).await;
+                timeout = timeout.saturating_sub(waited.elapsed());
+                match slot {
+                    // Calls ahead of this one failed meanwhile (a stalled Redis): what was
+                    // queued behind them is not sent into the same stall.
+                    Ok(Ok(slot)) if !timeout.is_zero() && !self.circuit.is_open() => slot,
+                    _ => {
+                        return Err(Failure::Outage(StoreError::Unavailable {
+                            retry_in: self.timeout,
+                        }));
+                    }
+                }
+            }
+        };
         let redis_key = RedisKey {
             prefix: &self.prefix,
             key,
@@ -328,7 +387,7 @@ where
         };
         // Dropped here with the rest of this future if the caller goes away: a probe's ticket
         // then counts as a failure, and the circuit is never left waiting for it.
-        match tokio::time::timeout(self.timeout, call).await {
+        match tokio::time::timeout(timeout, call).await {
             Ok(Ok(value)) => {
                 ticket.success();
                 parse_reply(&value, &args, now).map_err(Failure::Fatal)
@@ -572,7 +631,8 @@ impl Args {
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Reply {
     outcome: Outcome,
-    /// With a denial, the stored state the script denied on.
+    /// The bucket's state as the script left it, where the reply carries it: with a denial, the
+    /// state it denied on (and left alone); with an admission with no wait, the state it stored.
     state: Option<State>,
 }
 
@@ -606,7 +666,7 @@ fn parse_reply(value: &Value, args: &Args, now: u64) -> Result<Reply, StoreError
         }
         return Ok(Reply {
             outcome: bucket::write(&p, state.t, state.ts).outcome(now),
-            state: None,
+            state: Some(state),
         });
     }
     let (numbers, rest) = bytes.split_first_chunk::<32>().ok_or_else(bad)?;
@@ -754,11 +814,15 @@ where
         let cost_f = check_cost(&limit, cost)?;
         let max_wait_ms = whole_ms(max_wait);
         let now = self.clock.now_ms();
-        if let Some(cache) = &self.deny
-            && let Some(outcome) = cache.check(key, limit, now, cost_f, max_wait_ms)
-        {
-            tokio::task::coop::consume_budget().await;
-            return Ok(Decision::new(outcome, limit));
+        let mut predicted = None;
+        if let Some(cache) = &self.deny {
+            match cache.check(key, limit, now, cost_f, max_wait_ms) {
+                Check::Deny(outcome) => {
+                    tokio::task::coop::consume_budget().await;
+                    return Ok(Decision::new(outcome, limit));
+                }
+                Check::Pass(charged) => predicted = charged,
+            }
         }
         let args = Args {
             op: Op::Acquire,
@@ -768,10 +832,18 @@ where
         };
         match self.run(key, now, args).await {
             Ok(reply) => {
-                if let (Some(cache), Some(state), false) =
-                    (&self.deny, reply.state, reply.outcome.allowed)
-                {
-                    cache.remember(key, limit, state, now);
+                if let Some(cache) = &self.deny {
+                    match (reply.outcome.allowed, reply.state) {
+                        (false, Some(state)) => cache.remember(key, limit, state, now),
+                        // What Redis holds, for an entry that charged this call: the cache then
+                        // follows Redis from the first call it lets through, even when something
+                        // raised the bucket there meanwhile (another process's refund, a flush).
+                        (true, Some(state)) if predicted.is_some() => cache.refresh(key, state),
+                        (true, None) if predicted.is_some_and(|p| p != reply.outcome) => {
+                            cache.forget(key);
+                        }
+                        _ => {}
+                    }
                 }
                 Ok(Decision::new(reply.outcome, limit))
             }
@@ -869,6 +941,7 @@ impl<C: Clone, K> Clone for RedisStore<C, K> {
             timeout: self.timeout,
             policy: self.policy,
             circuit: Arc::clone(&self.circuit),
+            in_flight: Arc::clone(&self.in_flight),
             deny: self.deny.clone(),
             local: self.local.clone(),
         }
@@ -941,7 +1014,10 @@ mod reply_tests {
             admit,
             Reply {
                 outcome: expected,
-                state: None
+                state: Some(State {
+                    t: 9.5,
+                    ts: NOW as f64
+                })
             }
         );
         // Stored ahead of this process's clock (another's ran ahead): reset counts from now.

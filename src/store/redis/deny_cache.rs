@@ -10,7 +10,9 @@
 //! refunds are the documented worst case), and Redis losing the bucket (a restart without
 //! persistence, `FLUSHALL`, a failover that lost the write). In those cases a request may be
 //! denied here that Redis would admit, until the cached state itself would admit it: at most the
-//! `retry_after` that Redis's own denial gave.
+//! `retry_after` that Redis's own denial gave. The request let through then reaches Redis, and
+//! the entry takes the state Redis stored with its admission (or is dropped), so from then on
+//! the cache follows Redis again instead of its own refill.
 
 use std::hash::BuildHasher;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -29,6 +31,16 @@ struct Entry {
     key: Box<str>,
     limit: Limit,
     state: State,
+}
+
+/// What [`DenyCache::check`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Check {
+    /// The cached state denies: the answer, with no round trip.
+    Deny(Outcome),
+    /// Redis must decide. With the outcome the cached state predicts when an entry took the
+    /// cost, as it expects Redis to.
+    Pass(Option<Outcome>),
 }
 
 pub(super) struct DenyCache {
@@ -54,13 +66,16 @@ impl DenyCache {
         (hash, shard)
     }
 
-    /// The answer to an acquire when the cached state denies it; `None` when Redis must decide.
+    /// Whether the cached state denies an acquire, or Redis must decide.
     ///
     /// When the cached state would admit, the request goes to Redis and the entry keeps the
     /// state with the cost taken, as if Redis admits: the requests that follow it in this
     /// process are then denied here until the next token, instead of all racing to Redis for
-    /// the one that just refilled. The caller drops the entry if the call fails (the debit may
-    /// not have happened in Redis), and a denial from Redis replaces it with Redis's state.
+    /// the one that just refilled. What the caller does with Redis's answer keeps the entry
+    /// true: a failed call drops it (the debit may not have happened in Redis), a denial replaces
+    /// it with the state Redis denied on, and an admission replaces it with the state Redis
+    /// stored ([`refresh`](Self::refresh)), or drops it when the answer carries no state and is
+    /// not the one the entry predicted.
     pub(super) fn check(
         &self,
         key: &BucketKey,
@@ -68,26 +83,35 @@ impl DenyCache {
         now: u64,
         cost: f64,
         max_wait: u64,
-    ) -> Option<Outcome> {
+    ) -> Check {
         let id = key.as_str();
         let (hash, mut shard) = self.shard(id);
         let Ok(mut found) = shard.find_entry(hash, |e| &*e.key == id) else {
-            return None;
+            return Check::Pass(None);
         };
         let entry = found.get_mut();
         if entry.limit == limit {
             let (outcome, write) =
                 bucket::evaluate(&limit.params(), Some(entry.state), now, cost, max_wait);
             match write {
-                None => return Some(outcome),
+                None => return Check::Deny(outcome),
                 Some(w) => {
                     entry.state = w.state;
-                    return None;
+                    return Check::Pass(Some(outcome));
                 }
             }
         }
         found.remove();
-        None
+        Check::Pass(None)
+    }
+
+    /// Replaces the state of an entry, if there is one, with what Redis stored.
+    pub(super) fn refresh(&self, key: &BucketKey, state: State) {
+        let id = key.as_str();
+        let (hash, mut shard) = self.shard(id);
+        if let Some(entry) = shard.find_mut(hash, |e| &*e.key == id) {
+            entry.state = state;
+        }
     }
 
     /// Keeps the state Redis showed with a denial.
@@ -162,24 +186,42 @@ mod tests {
             },
             10_000,
         );
-        let denied = cache
-            .check(&key, limit(), 10_500, 1.0, 0)
-            .expect("cached denial");
+        let Check::Deny(denied) = cache.check(&key, limit(), 10_500, 1.0, 0) else {
+            panic!("a cached denial")
+        };
         assert!(!denied.allowed);
         assert_eq!(denied.wait, 500);
         // A reservation that fits its wait is Redis's to make, and is taken from the entry as
         // Redis will take it: the next token is then promised, due at 12 000.
-        assert!(cache.check(&key, limit(), 10_500, 1.0, 500).is_none());
+        assert!(matches!(
+            cache.check(&key, limit(), 10_500, 1.0, 500),
+            Check::Pass(Some(o)) if o.allowed && o.wait == 500
+        ));
         assert_eq!(cache.len(), 1);
-        let denied = cache
-            .check(&key, limit(), 10_500, 1.0, 0)
-            .expect("cached denial");
+        let Check::Deny(denied) = cache.check(&key, limit(), 10_500, 1.0, 0) else {
+            panic!("a cached denial")
+        };
         assert_eq!(denied.wait, 1_500);
-        assert!(cache.check(&key, limit(), 12_000, 1.0, 0).is_none());
+        assert!(matches!(
+            cache.check(&key, limit(), 12_000, 1.0, 0),
+            Check::Pass(Some(_))
+        ));
         assert!(
-            cache.check(&key, limit(), 12_000, 1.0, 0).is_some(),
+            matches!(cache.check(&key, limit(), 12_000, 1.0, 0), Check::Deny(_)),
             "taken by the last one"
         );
+        // What Redis stored replaces the entry's own guess: here a bucket flushed meanwhile.
+        cache.refresh(
+            &key,
+            State {
+                t: 1.0,
+                ts: 12_000.0,
+            },
+        );
+        assert!(matches!(
+            cache.check(&key, limit(), 12_000, 1.0, 0),
+            Check::Pass(Some(_))
+        ));
     }
 
     #[test]
@@ -189,11 +231,11 @@ mod tests {
         let state = State { t: 0.0, ts: 0.0 };
         cache.remember(&key, limit(), state, 0);
         let other = Limit::per_minute(1).expect("a valid limit");
-        assert!(cache.check(&key, other, 1, 1.0, 0).is_none());
+        assert_eq!(cache.check(&key, other, 1, 1.0, 0), Check::Pass(None));
         assert_eq!(cache.len(), 0);
         cache.remember(&key, limit(), state, 0);
         cache.forget(&key);
-        assert!(cache.check(&key, limit(), 1, 1.0, 0).is_none());
+        assert_eq!(cache.check(&key, limit(), 1, 1.0, 0), Check::Pass(None));
     }
 
     #[test]

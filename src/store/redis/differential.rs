@@ -292,10 +292,10 @@ async fn check_step(
             "{log}  state: reference {state:?}, lua {in_redis:?}"
         ));
     }
-    // A denial carries the state it denied on (nothing was written, so it is the state now);
-    // nothing else carries one.
+    // A denial carries the state it denied on (nothing was written, so it is the state now),
+    // and an admission with no wait the state it stored; nothing else carries one.
     let denied = matches!(op, Op::Acquire) && !got.allowed;
-    let carried = if denied { state } else { None };
+    let carried = if denied || plain { state } else { None };
     if !same(carried, reply.state) {
         return Err(format!(
             "{log}  carried state: reference {carried:?}, lua {:?}",
