@@ -29,6 +29,14 @@ pub(crate) const MAX_TIME: u64 = (1 << 53) - 1;
 /// and so every step of [`ready_at`] exact.
 pub(crate) const MAX_WAIT: u64 = 1 << 44;
 
+/// The most tokens a stored state can hold, under any limit (a burst is a `u32`).
+const MAX_TOKENS: f64 = 4_294_967_296.0;
+
+/// The most steps either walk of [`ready_at`] takes. From a sound state the first estimate is
+/// off by at most one, so the bound is never reached; it is there so that no stored value, sound
+/// or not, can make a walk run on (above 2^53, `e + 1 == e`).
+const WALK: u32 = 8;
+
 /// The stored state of one bucket: `t` tokens available at `ts` (milliseconds since the epoch).
 ///
 /// `t` may be negative: a reservation debits tokens that have not refilled yet.
@@ -51,9 +59,22 @@ pub(crate) struct Params {
     ms_per_token: f64,
     /// `refill(1)`, exactly: `1 * tokens` is `tokens`, so this is the same division.
     per_ms: f64,
+    /// How far a stored time may lead the caller's clock: the time to refill an empty bucket,
+    /// rounded up, plus one interval. No write leads the writer's own clock, so a lead beyond
+    /// this is a clock that stepped back, or a writer whose clock runs far ahead.
+    lead: f64,
+    /// The most debt a sound state carries: reservations and drains each reach at most
+    /// [`MAX_WAIT`] ahead, and one cost on top.
+    most_debt: f64,
 }
 
 impl Params {
+    /// How far a stored time may lead the caller's clock, in milliseconds.
+    #[cfg(test)]
+    pub(crate) fn lead(&self) -> f64 {
+        self.lead
+    }
+
     pub(crate) fn new(tokens: f64, interval: f64, capacity: f64) -> Self {
         Self {
             tokens,
@@ -61,6 +82,8 @@ impl Params {
             capacity,
             ms_per_token: interval / tokens,
             per_ms: tokens / interval,
+            lead: estimate_ceil(capacity * interval / tokens) + interval,
+            most_debt: 2.0 * MAX_WAIT as f64 * tokens / interval + capacity,
         }
     }
 }
@@ -82,30 +105,33 @@ pub(crate) struct Outcome {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Write {
     pub(crate) state: State,
+    /// The time the write was made at: the later of the caller's clock and the stored time.
+    /// Waits and the key's expiry count from it.
+    pub(crate) at: f64,
     /// When the bucket is full again, in milliseconds since the epoch; from then on the state
     /// says nothing a missing one would not, and can be dropped.
     pub(crate) full: f64,
 }
 
 impl Write {
-    /// How long in milliseconds a key written at `now` must live: until the bucket is full
-    /// again, plus one interval of margin. The script keeps it at least that long (see
-    /// `bucket.lua`); `MemoryStore` drops buckets by [`full`](Self::full) instead.
+    /// How long in milliseconds a key written must live: until the bucket is full again, plus
+    /// one interval of margin, counted from the time of the write. The script keeps it at least
+    /// that long (see `bucket.lua`); `MemoryStore` drops buckets by [`full`](Self::full) instead.
     #[cfg(test)]
-    pub(crate) fn ttl(&self, p: &Params, now: u64) -> u64 {
-        whole(self.full - time(now) + p.interval)
+    pub(crate) fn ttl(&self, p: &Params) -> u64 {
+        whole(self.full - self.at + p.interval)
     }
 
-    /// What the script answers for a refund or a drain that wrote `self` at `now`, and what an
+    /// What the script answers for a refund or a drain that wrote `self`, and what an
     /// admission with no wait answers: the script sends only the state it stored then, and
     /// the caller works this out from it.
     #[cfg(feature = "redis")]
-    pub(crate) fn outcome(&self, now: u64) -> Outcome {
+    pub(crate) fn outcome(&self) -> Outcome {
         Outcome {
             allowed: true,
             wait: 0,
             remaining: whole_tokens(self.state.t),
-            reset: whole(self.full - time(now)),
+            reset: whole(self.full - self.at),
         }
     }
 }
@@ -161,12 +187,16 @@ fn ready_at(p: &Params, t: f64, ts: f64, target: f64) -> f64 {
     let mut e = estimate_ceil((target - t) * p.ms_per_token);
     // The estimate is off by at most one either way; walk it to the exact answer. `t +
     // refill(e)` never falls as `e` grows (every rounding step is monotonic), so the walk ends
-    // on the least `e` from any start, and the answer is the Lua's whatever the estimate.
-    while t + refill(p, e) < target {
+    // on the least `e` from any start, and the answer is the Lua's whatever the estimate. The
+    // two walks share a bound of [`WALK`] steps, as in the Lua.
+    let mut n = 0;
+    while n < WALK && t + refill(p, e) < target {
         e += 1.0;
+        n += 1;
     }
-    while e > 0.0 && t + refill(p, e - 1.0) >= target {
+    while n < WALK && e > 0.0 && t + refill(p, e - 1.0) >= target {
         e -= 1.0;
+        n += 1;
     }
     ts + e
 }
@@ -196,12 +226,38 @@ fn refills_to_full(p: &Params, t: f64, elapsed: f64) -> bool {
     elapsed * p.tokens > 4.0 * ((p.capacity - t) * p.interval)
 }
 
+/// Whether `s` is a state the arithmetic can have stored under the limit `p`: finite, at most
+/// the largest burst, with no more debt than reservations and drains leave, at a whole time
+/// within range. The walks to a refill time end, exactly, only from such a state, so both
+/// mirrors refuse any other before deciding (someone else wrote the key).
+pub(crate) fn sound(p: &Params, s: State) -> bool {
+    // NaN fails every comparison.
+    s.t >= -p.most_debt
+        && s.t <= MAX_TOKENS
+        && s.ts >= 0.0
+        && s.ts <= MAX_TIME as f64
+        && s.ts as i64 as f64 == s.ts
+}
+
 /// Tokens available at `now` and the time to store with them. A missing state is a full bucket.
-fn available(p: &Params, state: Option<State>, now: f64) -> (State, f64, f64) {
-    let s = state.unwrap_or(State {
+///
+/// A stored time that leads `now` by more than the limit's lead bound is moved back to `now`
+/// (the last value returned says so): a host whose clock ran years ahead, or an NTP step back
+/// here, would otherwise freeze the bucket for that long. Within the bound, a lead is another
+/// writer's clock, and a caller behind it is taken to stand at the stored time. Every operation but a
+/// peek stores the moved time, even a denial, so that the refill runs from it; a bound that
+/// moved with each caller's clock would never let it start.
+fn available(p: &Params, state: Option<State>, now: f64) -> (State, f64, f64, bool) {
+    let mut s = state.unwrap_or(State {
         t: p.capacity,
         ts: now,
     });
+    // A sound stored time is at most MAX_TIME, so a bound beyond it moves nothing.
+    let lead_max = now + p.lead;
+    let clamped = s.ts > lead_max;
+    if clamped {
+        s.ts = now;
+    }
     // A clock behind the stored time refills nothing, and the stored time never moves back.
     let elapsed = max(0.0, now - s.ts);
     let avail = if refills_to_full(p, s.t, elapsed) {
@@ -209,7 +265,7 @@ fn available(p: &Params, state: Option<State>, now: f64) -> (State, f64, f64) {
     } else {
         min(p.capacity, s.t + refill(p, elapsed))
     };
-    (s, avail, max(s.ts, now))
+    (s, avail, max(s.ts, now), clamped)
 }
 
 /// The write for a new state.
@@ -217,6 +273,7 @@ fn available(p: &Params, state: Option<State>, now: f64) -> (State, f64, f64) {
 pub(crate) fn write(p: &Params, t: f64, ts: f64) -> Write {
     Write {
         state: State { t, ts },
+        at: ts,
         full: ready_at(p, t, ts, p.capacity),
     }
 }
@@ -228,7 +285,8 @@ fn whole_tokens(t: f64) -> u64 {
 }
 
 /// Takes `cost` tokens at `now`, or reserves them when they refill within `max_wait`
-/// milliseconds, or denies without writing. `cost` must be in `1..=capacity`.
+/// milliseconds, or denies, writing nothing unless the stored time had to be moved back to the
+/// lead bound. `cost` must be in `1..=capacity`.
 // Always inlined: a `MemoryStore` decision is a few dozen nanoseconds, and as a call of its own
 // (which the compiler chose in some callers) this took a tenth of it, its result going back
 // through memory.
@@ -246,7 +304,7 @@ pub(crate) fn evaluate(
     } else {
         max_wait as f64
     };
-    let (s, avail, ts) = available(p, state, now);
+    let (s, avail, ts, clamped) = available(p, state, now);
     let (wait, over) = if avail >= cost {
         (0.0, 0.0)
     } else {
@@ -257,7 +315,9 @@ pub(crate) fn evaluate(
         // for a request arriving at `ready`; without this, the rounding slack of one reservation
         // would be credited to the next and two could go out less than cost/rate apart.
         let over = max(0.0, s.t + refill(p, ready - s.ts) - p.capacity);
-        (ready - now, over)
+        // Counted from the later of now and the stored time: a caller whose clock is behind
+        // stands where the stored time's writer stood, so clock skew does not decide who waits.
+        (ready - ts, over)
     };
     if wait <= max_wait {
         let w = write(p, avail - cost - over, ts);
@@ -265,7 +325,7 @@ pub(crate) fn evaluate(
             allowed: true,
             wait: whole(wait),
             remaining: whole_tokens(w.state.t),
-            reset: whole(w.full - now),
+            reset: whole(w.full - ts),
         };
         (outcome, Some(w))
     } else {
@@ -273,45 +333,58 @@ pub(crate) fn evaluate(
             allowed: false,
             wait: whole(wait),
             remaining: whole_tokens(avail),
-            reset: whole(ready_at(p, s.t, s.ts, p.capacity) - now),
+            reset: whole(ready_at(p, s.t, s.ts, p.capacity) - ts),
         };
-        (outcome, None)
+        (outcome, clamped.then(|| write(p, s.t, s.ts)))
     }
 }
 
 /// What a bucket holds at `now`, without taking or writing anything.
 pub(crate) fn peek(p: &Params, state: Option<State>, now: u64) -> Outcome {
     let now = time(now);
-    let (s, avail, _) = available(p, state, now);
-    // A token available now is available now, even when the clock is behind the stored time
-    // (`ready_at` measures from the stored time). Otherwise the token is due after now,
-    // whichever of now and the stored time is later.
+    let (s, avail, ts, _) = available(p, state, now);
+    // A token available now is available now. Otherwise the token is due after the later of
+    // now and the stored time, from which every wait counts.
     let next = if avail >= 1.0 {
         0.0
     } else {
-        ready_at(p, s.t, s.ts, 1.0) - now
+        ready_at(p, s.t, s.ts, 1.0) - ts
     };
     Outcome {
         allowed: avail >= 1.0,
         wait: whole(next),
         remaining: whole_tokens(avail),
-        reset: whole(max(0.0, ready_at(p, s.t, s.ts, p.capacity) - now)),
+        reset: whole(max(0.0, ready_at(p, s.t, s.ts, p.capacity) - ts)),
     }
 }
 
 /// Gives `cost` tokens back (an abandoned reservation), never above capacity.
 pub(crate) fn refund(p: &Params, state: Option<State>, now: u64, cost: f64) -> Write {
     let now = time(now);
-    let (_, avail, ts) = available(p, state, now);
+    let (_, avail, ts, _) = available(p, state, now);
     write(p, min(p.capacity, avail + cost), ts)
 }
 
-/// Empties the bucket until `until`: nothing is available before it, and refill starts there.
-/// Debt from reservations is kept.
+/// Empties the bucket until `until`: nothing is available before it, and the first token is due
+/// one token period after it. Reservations already queued keep their places, and a drain that
+/// ends before the last of them changes nothing, so a drain repeated is the drain once.
+///
+/// Written as debt at the time of the call, not as a stored time ahead of it: stored times never
+/// lead the writer's clock, which is what lets a far lead be taken for a clock that moved. A
+/// deadline more than [`MAX_WAIT`] ahead is taken as that.
 pub(crate) fn drain_until(p: &Params, state: Option<State>, now: u64, until: u64) -> Write {
     let now = time(now);
-    let (_, avail, ts) = available(p, state, now);
-    write(p, min(avail, 0.0), max(ts, time(until)))
+    let (_, avail, ts, _) = available(p, state, now);
+    let mut until = time(until);
+    if until > ts + MAX_WAIT as f64 {
+        until = ts + MAX_WAIT as f64;
+    }
+    let floor = if until > ts {
+        -((until - ts) * p.tokens / p.interval)
+    } else {
+        0.0
+    };
+    write(p, min(avail, floor), ts)
 }
 
 #[cfg(test)]

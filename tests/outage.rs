@@ -25,6 +25,9 @@ const UP: u8 = 0;
 const REFUSING: u8 = 1;
 const HANGING: u8 = 2;
 const TRY_AGAIN_ONCE: u8 = 3;
+/// Redis answers that the script failed, as it does when the value at one key makes its `SET`
+/// fail.
+const SCRIPT_ERROR: u8 = 4;
 
 /// A real connection that a test can take down. Counts the commands that reach it.
 #[derive(Clone)]
@@ -84,6 +87,10 @@ impl ConnectionLike for Switch {
                     std::io::ErrorKind::ConnectionRefused,
                 ))),
                 HANGING => std::future::pending().await,
+                SCRIPT_ERROR => Err(error(
+                    redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
+                    "Error running script: @user_script:84: ERR invalid expire time in 'set' command",
+                )),
                 TRY_AGAIN_ONCE => {
                     self.mode.store(UP, Ordering::SeqCst);
                     Err(error(
@@ -856,6 +863,101 @@ async fn the_deny_cache_stays_stale_until_its_state_refills_to_full() {
     );
     assert!(
         !s.acquire(&k, l, 1, ZERO)
+            .await
+            .expect("decides")
+            .is_admitted()
+    );
+}
+
+/// A connection of its own to the test Redis, for planting values and asking it directly.
+async fn admin() -> MultiplexedConnection {
+    redis::Client::open(redis_server::url())
+        .expect("a valid Redis URL")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("a connection")
+}
+
+#[tokio::test]
+async fn a_planted_value_hangs_redis_for_every_client() {
+    let clock = ManualClock::new(START);
+    let conn = Switch::new().await;
+    let store = store(conn.clone(), &clock).with_timeout(Duration::from_secs(5));
+    let k = key("planted");
+    let l = limit(10, 10);
+    let mut admin = admin().await;
+    // t = -1e13: the walk to its refill time would never end (above 2^53, e + 1 == e).
+    let value = [
+        (-1e13f64).to_le_bytes(),
+        (START as f64).to_le_bytes(),
+        (START as f64 + 1e3).to_le_bytes(),
+    ]
+    .concat();
+    let _: () = redis::cmd("SET")
+        .arg(store.redis_key(&k))
+        .arg(&value[..])
+        .query_async(&mut admin)
+        .await
+        .expect("SET");
+    for _ in 0..5 {
+        let call = {
+            let (store, k) = (store.clone(), k.clone());
+            tokio::spawn(async move { store.acquire(&k, l, 1, Duration::from_secs(60)).await })
+        };
+        // Another client is answered while the call runs.
+        let asked = std::time::Instant::now();
+        let _: String = redis::cmd("PING")
+            .query_async(&mut admin)
+            .await
+            .expect("PING");
+        let took = asked.elapsed();
+        assert!(took < Duration::from_millis(10), "PING took {took:?}");
+        let e = call.await.expect("no panic").unwrap_err();
+        match &e {
+            StoreError::CorruptBucket { fingerprint } => assert_eq!(*fingerprint, k.fingerprint()),
+            other => panic!("expected CorruptBucket, got {other:?}"),
+        }
+        assert!(!e.to_string().contains(&store.redis_key(&k)), "{e}");
+    }
+    // The value is left as it was, and the circuit is closed for every other key.
+    let kept: Vec<u8> = redis::cmd("GET")
+        .arg(store.redis_key(&k))
+        .query_async(&mut admin)
+        .await
+        .expect("GET");
+    assert_eq!(kept, value);
+    assert!(!store.is_circuit_open());
+    assert!(
+        store
+            .acquire(&key("unrelated"), l, 1, ZERO)
+            .await
+            .expect("decides")
+            .is_admitted()
+    );
+}
+
+#[tokio::test]
+async fn a_script_error_on_one_key_opens_the_circuit_for_every_key() {
+    let clock = ManualClock::new(START);
+    let conn = Switch::new().await;
+    let store = store(conn.clone(), &clock);
+    let l = limit(10, 10);
+    conn.set(SCRIPT_ERROR);
+    for _ in 0..5 {
+        let e = store
+            .acquire(&key("script-error"), l, 1, ZERO)
+            .await
+            .unwrap_err();
+        assert!(matches!(e, StoreError::Backend(_)), "{e:?}");
+    }
+    assert!(
+        !store.is_circuit_open(),
+        "errors about one key's data are no outage"
+    );
+    conn.set(UP);
+    assert!(
+        store
+            .acquire(&key("other"), l, 1, ZERO)
             .await
             .expect("decides")
             .is_admitted()

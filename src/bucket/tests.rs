@@ -44,11 +44,18 @@ const START: u64 = 1_700_000_000_000;
 
 /// Two workers share a bucket: one on true time, one whose clock is `skew` ahead or behind.
 /// Returns the true times admitted requests go out, and the skew between the workers × rate.
+///
+/// The skew is kept within the lead bound (the two clocks are at most the bound apart): beyond
+/// it, a stored time is taken for a clock that moved and is clamped, which
+/// `a_stored_time_far_ahead_is_clamped_to_the_lead_bound` covers.
 fn skewed(
     limit: &Limit,
     skew: u64,
     steps: Vec<(u64, bool, bool)>,
 ) -> Result<(Vec<(u64, u64)>, f64), TestCaseError> {
+    let lead = (u64::from(limit.burst()) * limit.interval_ms()).div_ceil(u64::from(limit.tokens()))
+        + limit.interval_ms();
+    let skew = skew.min(lead / 2);
     let p = limit.params();
     let mut state: Option<State> = None;
     let mut true_now = START;
@@ -298,7 +305,7 @@ proptest! {
                 prop_assert!(w.state.t.is_finite() && w.state.ts.is_finite() && w.full.is_finite());
                 prop_assert!(w.state.t <= p.capacity);
                 prop_assert!(w.state.ts <= MAX_TIME as f64 && w.state.ts == w.state.ts.trunc());
-                prop_assert!(w.ttl(&p, now) >= limit.interval_ms());
+                prop_assert!(w.ttl(&p) >= limit.interval_ms());
                 state = Some(w.state);
             }
         }
@@ -313,12 +320,46 @@ fn a_stale_clock_refills_nothing_and_never_moves_time_back() {
         .unwrap_or(Params::new(1.0, 1000.0, 2.0));
     let (_, w) = evaluate(&p, None, 10_000, 2.0, 0);
     let state = w.map(|w| w.state);
-    // A worker 5 s behind sees an empty bucket, not one refilled by 5 s of negative time.
-    let (o, w) = evaluate(&p, state, 5_000, 1.0, 0);
+    // A worker 1 s behind sees an empty bucket, not one refilled by 1 s of negative time, and
+    // is told the wait from the stored time, as the worker that wrote it would be.
+    let (o, w) = evaluate(&p, state, 9_000, 1.0, 0);
     assert!(!o.allowed && w.is_none());
-    assert_eq!(o.wait, 6_000);
-    let w = refund(&p, state, 5_000, 1.0);
+    assert_eq!(o.wait, 1_000);
+    let w = refund(&p, state, 9_000, 1.0);
     assert_eq!(w.state.ts, 10_000.0);
+}
+
+#[test]
+fn a_stored_time_far_ahead_is_clamped_to_the_lead_bound() {
+    // 1 per minute, burst 10: ten minutes to refill, so a stored time may lead by 11 minutes.
+    let p = Params::new(1.0, 60_000.0, 10.0);
+    let year = 365 * 86_400_000;
+    // A worker ten years ahead empties the bucket.
+    let (_, w) = evaluate(&p, None, START + 10 * year, 10.0, 0);
+    let state = w.map(|w| w.state);
+    // For a healthy worker, that write's time is moved back to its own clock: the first token
+    // is due a minute from now, not in ten years.
+    let (o, w) = evaluate(&p, state, START, 1.0, 0);
+    assert!(!o.allowed);
+    assert_eq!(o.wait, 60_000);
+    // The denial stores the moved time, so that the refill runs from it.
+    let moved = w.map(|w| w.state.ts);
+    assert_eq!(moved, Some(START as f64));
+    let (o, _) = evaluate(&p, state, START, 1.0, u64::MAX);
+    assert!(o.allowed);
+    assert_eq!(o.wait, 60_000);
+    let q = peek(&p, state, START);
+    assert_eq!(q.wait, 60_000);
+    // Its write keeps the moved time, and its expiry counts from it.
+    let w = refund(&p, state, START, 1.0);
+    assert_eq!(w.state.ts, START as f64);
+    assert!(w.ttl(&p) <= 10 * 60_000 + 2 * 60_000);
+    // A lead within the bound (11 minutes here) is the other writer's clock, and counts as it
+    // is: the caller behind it is told the wait from the stored time, and refills nothing.
+    let (_, w) = evaluate(&p, None, START + 11 * 60_000, 10.0, 0);
+    let (o, w) = evaluate(&p, w.map(|w| w.state), START, 1.0, 0);
+    assert!(!o.allowed && w.is_none());
+    assert_eq!(o.wait, 60_000);
 }
 
 #[test]
@@ -332,7 +373,7 @@ fn drain_blocks_until_the_deadline_then_refills() {
     let (o, _) = evaluate(&p, state, 3_000, 1.0, 0);
     assert!(o.allowed);
     // The key outlives the drain: until full (2 s + 10 s) plus an interval.
-    assert_eq!(w.ttl(&p, 0), 13_000);
+    assert_eq!(w.ttl(&p), 13_000);
 }
 
 #[test]
@@ -410,7 +451,7 @@ proptest! {
         );
         let ts = 1_000.0;
         let state = Some(State { t, ts });
-        let (_, avail, _) = available(&p, state, ts + elapsed);
+        let (_, avail, _, _) = available(&p, state, ts + elapsed);
         prop_assert_eq!(avail.to_bits(), plain_available(&p, t, elapsed).to_bits());
         if refills_to_full(&p, t, elapsed) {
             prop_assert_eq!(plain_available(&p, t, elapsed), p.capacity);

@@ -38,6 +38,8 @@
 
 local MAX_TIME = 9007199254740991
 local MAX_WAIT = 17592186044416
+local MAX_TOKENS = 4294967296
+local MAX_KEEP = 18014398509481984
 
 local key = KEYS[1]
 local op, now, tokens, interval, capacity, x, max_wait = struct.unpack('<ddddddd', ARGV[1])
@@ -52,6 +54,36 @@ if stored then
     return redis.error_reply('WRONGTYPE burstgate: the value at the key is not a bucket')
   end
   t, ts, keep = struct.unpack('<ddd', stored)
+  -- Only a value a script could have written is decided on (bucket.rs's sound): finite, at most
+  -- the largest burst, no more debt than reservations and drains leave, a whole time in range.
+  -- Any other, written by someone else, could make the walks below run on and hang Redis.
+  if not (t >= -(2 * MAX_WAIT * tokens / interval + capacity) and t <= MAX_TOKENS
+      and ts >= 0 and ts <= MAX_TIME and ts % 1 == 0 and keep >= 0 and keep <= MAX_KEEP) then
+    return redis.error_reply('BURSTGATE_CORRUPT burstgate: the value at the key is not one a bucket script writes')
+  end
+  -- A stored time that leads now by more than the refill time (rounded up) plus one interval
+  -- is moved back to now: no write leads its writer's clock by that much, so this is a clock
+  -- that stepped back here, or a writer whose clock ran far ahead.
+  local lead = capacity * interval / tokens
+  local lead_whole = lead - lead % 1
+  if lead_whole < lead then lead = lead_whole + 1 else lead = lead_whole end
+  -- A sound ts is at most MAX_TIME, so a lead_max beyond it moves nothing.
+  local lead_max = now + (lead + interval)
+  -- Stored at once by every operation but peek, even a denial, so that the refill runs from the
+  -- moved time: a bound that moved with each caller's clock would never let it start. Kept until
+  -- full by the first estimate, as a plain admission keeps it.
+  if ts > lead_max then
+    ts = now
+    if op ~= 2 then
+      local e = (capacity - t) * interval / tokens
+      local whole = e - e % 1
+      if whole < e then e = whole + 1 end
+      if e < 0 then e = 0 end
+      keep = ts + e + interval + interval
+      stored = struct.pack('<ddd', t, ts, keep)
+      redis.call('SET', key, stored, 'PX', string.format('%d', keep - ts))
+    end
+  end
 end
 
 -- elapsed = max(0, now - ts); avail = min(capacity, t + refill(elapsed)); ts2 = max(ts, now)
@@ -73,14 +105,17 @@ if op == 1 and avail >= x then
   local e = (capacity - t2) * interval / tokens
   local whole = e - e % 1
   if whole < e then e = whole + 1 end
+  -- The stored keep is trusted only up to one interval beyond what this write needs: a keep
+  -- further out was set on another clock (a host far ahead, a clock stepped back), and the
+  -- expiry is set again, from this write's time.
   local need = ts2 + e + interval
-  if need <= keep then
+  if need <= keep and keep <= need + interval then
     local stored2 = struct.pack('<ddd', t2, ts2, keep)
     redis.call('SET', key, stored2, 'KEEPTTL')
     return stored2
   end
   local stored2 = struct.pack('<ddd', t2, ts2, need + interval)
-  redis.call('SET', key, stored2, 'PX', string.format('%d', need + interval - now))
+  redis.call('SET', key, stored2, 'PX', string.format('%d', need + interval - ts2))
   return stored2
 end
 
@@ -97,14 +132,17 @@ local function ready_at(t, ts, target)
   local e = (target - t) * interval / tokens
   local whole = e - e % 1
   if whole < e then e = whole + 1 else e = whole end
-  while t + e * tokens / interval < target do e = e + 1 end
-  while e > 0 and t + (e - 1) * tokens / interval >= target do e = e - 1 end
+  -- Both walks together take at most 8 steps, as bucket.rs's (WALK).
+  local n = 0
+  while n < 8 and t + e * tokens / interval < target do e = e + 1; n = n + 1 end
+  while n < 8 and e > 0 and t + (e - 1) * tokens / interval >= target do e = e - 1; n = n + 1 end
   return ts + e
 end
 
 -- Every other path: the admission after a wait, the denial, peek, refund and drain. Those that
--- write set t2, ts3 and wait, and fall through to the write at the end.
-local t2, ts3, wait
+-- write set t2 and wait, and fall through to the write at the end, made at ts2. Waits count
+-- from ts2, the later of now and the stored time.
+local t2, wait
 if op == 1 then
   if max_wait > MAX_WAIT then max_wait = MAX_WAIT end
   -- Not enough now: the tokens are due at ready.
@@ -112,50 +150,51 @@ if op == 1 then
   -- Served at a whole millisecond: what the bucket would hold above capacity then is lost.
   local over = t + (ready - ts) * tokens / interval - capacity
   if not (over > 0) then over = 0 end
-  wait = ready - now
+  wait = ready - ts2
   if not (wait <= max_wait) then
     -- The stored value goes back with a denial, for the caller's deny cache. A denial always
     -- has one: a missing bucket is full, and a cost never exceeds the capacity.
     local left = 0
     if avail > 0 then left = avail - avail % 1 end
-    return struct.pack('<dddd', 0, wait, left, ready_at(t, ts, capacity) - now) .. stored
+    return struct.pack('<dddd', 0, wait, left, ready_at(t, ts, capacity) - ts2) .. stored
   end
-  t2, ts3 = avail - x - over, ts2
+  t2 = avail - x - over
 elseif op == 2 then
   local left = 0
   if avail > 0 then left = avail - avail % 1 end
-  -- A token available now is available now, even when the clock is behind the stored time.
-  -- Otherwise the token is due after now, whichever of now and ts is later.
+  -- A token available now is available now. Otherwise it is due after ts2.
   local next_in = 0
-  if not (avail >= 1) then next_in = ready_at(t, ts, 1) - now end
-  local reset = ready_at(t, ts, capacity) - now
+  if not (avail >= 1) then next_in = ready_at(t, ts, 1) - ts2 end
+  local reset = ready_at(t, ts, capacity) - ts2
   if not (reset > 0) then reset = 0 end
   return struct.pack('<dddd', avail >= 1 and 1 or 0, next_in, left, reset)
 elseif op == 3 then
   -- t2 = min(capacity, avail + x)
   t2 = avail + x
   if not (t2 < capacity) then t2 = capacity end
-  ts3, wait = ts2, 0
+  wait = 0
 elseif op == 4 then
+  -- Debt that refills to zero at the deadline x (at most MAX_WAIT ahead), unless the bucket owes
+  -- more already: t2 = min(avail, floor).
   if x > MAX_TIME then x = MAX_TIME end
-  -- t2 = min(avail, 0); ts3 = max(ts2, x)
+  if x > ts2 + MAX_WAIT then x = ts2 + MAX_WAIT end
+  local floor = 0
+  if x > ts2 then floor = -((x - ts2) * tokens / interval) end
   t2 = avail
-  if avail > 0 then t2 = 0 end
-  ts3 = ts2
-  if x > ts2 then ts3 = x end
+  if floor < avail then t2 = floor end
   wait = 0
 else
   return redis.error_reply('burstgate: unknown operation')
 end
 
-local full = ready_at(t2, ts3, capacity)
+local full = ready_at(t2, ts2, capacity)
 local need = full + interval
-if need <= keep then
-  redis.call('SET', key, struct.pack('<ddd', t2, ts3, keep), 'KEEPTTL')
+if need <= keep and keep <= need + interval then
+  redis.call('SET', key, struct.pack('<ddd', t2, ts2, keep), 'KEEPTTL')
 else
   keep = need + interval
-  redis.call('SET', key, struct.pack('<ddd', t2, ts3, keep), 'PX', string.format('%d', keep - now))
+  redis.call('SET', key, struct.pack('<ddd', t2, ts2, keep), 'PX', string.format('%d', keep - ts2))
 end
 local left = 0
 if t2 > 0 then left = t2 - t2 % 1 end
-return struct.pack('<dddd', 1, wait, left, full - now)
+return struct.pack('<dddd', 1, wait, left, full - ts2)

@@ -702,13 +702,19 @@ impl<C: Clock> BucketStore for MemoryStore<C> {
         cost: u32,
         max_wait: Duration,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
-        let result = check_cost(&limit, cost).map(|cost| {
+        let result = check_cost(&limit, cost).and_then(|cost| {
             let max_wait = whole_ms(max_wait);
             let p = limit.params();
-            let outcome = self.with_bucket(key, |state, now| {
-                bucket::evaluate(&p, state, now, cost, max_wait)
+            let outcome = self.with_bucket(key, |state, now| match state {
+                Some(s) if !bucket::sound(&p, s) => (None, None),
+                _ => {
+                    let (outcome, write) = bucket::evaluate(&p, state, now, cost, max_wait);
+                    (Some(outcome), write)
+                }
             });
-            Decision::new(outcome, limit)
+            outcome
+                .map(|outcome| Decision::new(outcome, limit))
+                .ok_or_else(|| corrupt(key))
         });
         ready(result)
     }
@@ -719,8 +725,15 @@ impl<C: Clock> BucketStore for MemoryStore<C> {
         limit: Limit,
     ) -> impl Future<Output = Result<Quota, StoreError>> + Send {
         let p = limit.params();
-        let outcome = self.with_bucket(key, |state, now| (bucket::peek(&p, state, now), None));
-        ready(Ok(Quota::new(outcome, limit)))
+        let outcome = self.with_bucket(key, |state, now| match state {
+            Some(s) if !bucket::sound(&p, s) => (None, None),
+            _ => (Some(bucket::peek(&p, state, now)), None),
+        });
+        ready(
+            outcome
+                .map(|outcome| Quota::new(outcome, limit))
+                .ok_or_else(|| corrupt(key)),
+        )
     }
 
     fn refund(
@@ -729,11 +742,12 @@ impl<C: Clock> BucketStore for MemoryStore<C> {
         limit: Limit,
         cost: u32,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let result = check_cost(&limit, cost).map(|cost| {
+        let result = check_cost(&limit, cost).and_then(|cost| {
             let p = limit.params();
-            self.with_bucket(key, |state, now| {
-                ((), Some(bucket::refund(&p, state, now, cost)))
-            });
+            self.with_bucket(key, |state, now| match state {
+                Some(s) if !bucket::sound(&p, s) => (Err(corrupt(key)), None),
+                _ => (Ok(()), Some(bucket::refund(&p, state, now, cost))),
+            })
         });
         ready(result)
     }
@@ -746,10 +760,20 @@ impl<C: Clock> BucketStore for MemoryStore<C> {
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         let p = limit.params();
         let until = deadline_ms(until);
-        self.with_bucket(key, |state, now| {
-            ((), Some(bucket::drain_until(&p, state, now, until)))
-        });
-        ready(Ok(()))
+        ready(self.with_bucket(key, |state, now| match state {
+            Some(s) if !bucket::sound(&p, s) => (Err(corrupt(key)), None),
+            _ => (Ok(()), Some(bucket::drain_until(&p, state, now, until))),
+        }))
+    }
+}
+
+/// A bucket whose state no decision could have left under the limit it is asked with: a limit
+/// changed so far (a rate divided by more than 2^28) that the debt of the old one is out of the
+/// new one's range.
+#[cold]
+fn corrupt(key: &BucketKey) -> StoreError {
+    StoreError::CorruptBucket {
+        fingerprint: key.fingerprint(),
     }
 }
 

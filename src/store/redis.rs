@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 
-use crate::bucket::{self, MAX_TIME, MAX_WAIT, Outcome, Params, State};
+use crate::bucket::{self, Outcome, Params, State};
 use crate::clock::{Clock, SystemClock, deadline_ms, whole_ms};
 use crate::store::{
     BackendError, BucketStore, Decision, MemoryStore, Quota, StoreError, check_cost,
@@ -665,7 +665,7 @@ fn parse_reply(value: &Value, args: &Args, now: u64) -> Result<Reply, StoreError
             return Err(bad());
         }
         return Ok(Reply {
-            outcome: bucket::write(&p, state.t, state.ts).outcome(now),
+            outcome: bucket::write(&p, state.t, state.ts).outcome(),
             state: Some(state),
         });
     }
@@ -720,15 +720,10 @@ fn parse_denial(items: &[Value], args: &Args, now: u64) -> Option<Reply> {
     })
 }
 
-/// Whether the script can have stored `state` for a limit of `p`: at most full, with no more
-/// debt than reservations of the longest wait can leave (with room to spare), at a whole time
-/// within range. The walks to a refill time end only for such states, so the deny cache takes
-/// no other from a reply.
+/// Whether the script can have stored `state` for a limit of `p`, and at most full: the script
+/// refuses any other value it reads, and the deny cache takes no other from a reply.
 fn storable(p: &Params, state: State) -> bool {
-    let most_debt = 2.0 * MAX_WAIT as f64 * p.tokens / p.interval + p.capacity;
-    (-most_debt..=p.capacity).contains(&state.t)
-        && (0.0..=MAX_TIME as f64).contains(&state.ts)
-        && state.ts.fract() == 0.0
+    bucket::sound(p, state) && state.t <= p.capacity
 }
 
 /// `v` as a `u64`, when it is a whole number the script can answer: at least 0 and below 2^63.
@@ -1020,9 +1015,10 @@ mod reply_tests {
                 })
             }
         );
-        // Stored ahead of this process's clock (another's ran ahead): reset counts from now.
+        // Stored ahead of this process's clock (another's ran ahead): reset counts from the
+        // stored time, where this caller is taken to stand.
         let ahead = parse_reply(&state(10.0, (NOW + 30) as f64), &acquire(), NOW).expect("parses");
-        assert_eq!(ahead.outcome.reset, 30);
+        assert_eq!(ahead.outcome.reset, 0);
         assert_eq!(ahead.outcome.remaining, 10);
     }
 
@@ -1125,10 +1121,11 @@ mod reply_tests {
                 }),
             }
         );
-        // In debt from a reservation, stored ahead of this process's clock: counted from then.
+        // In debt from a reservation, stored ahead of this process's clock: counted from the
+        // stored time.
         let deny =
             parse_reply(&denial_of(-2.0, (NOW + 40) as f64), &acquire(), NOW).expect("parses");
-        assert_eq!((deny.outcome.wait, deny.outcome.reset), (340, 1240));
+        assert_eq!((deny.outcome.wait, deny.outcome.reset), (300, 1200));
     }
 
     #[test]

@@ -93,13 +93,16 @@ impl DenyCache {
         if entry.limit == limit {
             let (outcome, write) =
                 bucket::evaluate(&limit.params(), Some(entry.state), now, cost, max_wait);
-            match write {
-                None => return Check::Deny(outcome),
-                Some(w) => {
-                    entry.state = w.state;
-                    return Check::Pass(Some(outcome));
-                }
+            // A denial writes only a stored time moved back to the lead bound, which the entry
+            // keeps as Redis will.
+            if let Some(w) = write {
+                entry.state = w.state;
             }
+            return if outcome.allowed {
+                Check::Pass(Some(outcome))
+            } else {
+                Check::Deny(outcome)
+            };
         }
         found.remove();
         Check::Pass(None)

@@ -198,33 +198,47 @@ async fn check_step(
 ) -> Result<(), String> {
     let p = limit.params();
     let state = stored.state;
+    // A stored time beyond the lead bound is moved back and stored at once by every operation
+    // but peek, kept by the first estimate of the refill time.
+    let mut ttl = None;
+    let lead_max = bucket::time(now) + p.lead();
+    if let Some(s) = state.filter(|s| s.ts > lead_max && !matches!(op, Op::Peek)) {
+        let e = ((p.capacity - s.t) * p.interval / p.tokens).ceil();
+        let e = if e < 0.0 { 0.0 } else { e };
+        let now = bucket::time(now);
+        stored.keep = now + e + p.interval + p.interval;
+        stored.state = Some(State { t: s.t, ts: now });
+        ttl = Some((stored.keep - now) as i64);
+    }
     let (expected, write) = match op {
         Op::Acquire => bucket::evaluate(&p, state, now, x as f64, max_wait),
         Op::Peek => (bucket::peek(&p, state, now), None),
         Op::Refund => {
             let w = bucket::refund(&p, state, now, x as f64);
-            (w.outcome(now), Some(w))
+            (w.outcome(), Some(w))
         }
         Op::Drain => {
             let w = bucket::drain_until(&p, state, now, x);
-            (w.outcome(now), Some(w))
+            (w.outcome(), Some(w))
         }
     };
     // The TTL the script sets, if it sets one: it keeps the key until full plus one interval,
     // with the first estimate of the refill time after a plain admission, as the script
-    // computes it; when the stored keep already covers that, it leaves the expiry alone.
+    // computes it; when the stored keep already covers that, and by no more than one interval
+    // beyond, it leaves the expiry alone. The TTL counts from the time of the write.
     let plain = matches!(op, Op::Acquire) && expected.allowed && expected.wait == 0;
-    let mut ttl = None;
-    if let Some(w) = write {
+    // A denial writes only the moved stored time, modelled above.
+    let denial = matches!(op, Op::Acquire) && !expected.allowed;
+    if let Some(w) = write.filter(|_| !denial) {
         let need = if plain {
             let e = ((p.capacity - w.state.t) * p.interval / p.tokens).ceil();
             w.state.ts + e + p.interval
         } else {
             w.full + p.interval
         };
-        if need > stored.keep {
+        if !(need <= stored.keep && stored.keep <= need + p.interval) {
             stored.keep = need + p.interval;
-            ttl = Some((stored.keep - bucket::time(now)) as i64);
+            ttl = Some((stored.keep - w.at) as i64);
         }
         stored.state = Some(w.state);
     }
@@ -362,6 +376,114 @@ async fn corners(
     Ok(())
 }
 
+/// Values someone else planted at a bucket's key, sound and not, for a limit of 10 per second
+/// with a burst of 10 at [`PLANTED_NOW`]: each operation must be refused by both mirrors, with
+/// the key left alone, or decided by both alike.
+const PLANTED_NOW: u64 = 1_700_000_000_000;
+
+fn planted_values() -> Vec<(f64, f64, f64)> {
+    let now = PLANTED_NOW as f64;
+    let year = 365.0 * 86_400_000.0;
+    // 2 * 2^44 * 10 / 1000 + 10: more debt than this no reservation or drain leaves.
+    let most_debt = 2.0 * bucket::MAX_WAIT as f64 * 10.0 / 1000.0 + 10.0;
+    vec![
+        // sound: part full, in debt, a writer ten years ahead, one in 1970, the largest debt
+        (5.0, now - 100.0, now + 5_000.0),
+        (-10.0, now, now + 10_000.0),
+        (9.0, now + 10.0 * year, now + 10.0 * year + 3_000.0),
+        (0.0, 0.0, 3_000.0),
+        // far ahead, and fuller than this limit's burst (written under a larger one)
+        (1e6, now + 10.0 * year, now + 10.0 * year + 3_000.0),
+        (-most_debt, now, now + 1e12),
+        // not sound
+        (-1e13, now, now + 1_000.0),
+        (-1.5 * most_debt, now, now + 1_000.0),
+        (f64::NAN, now, now + 1_000.0),
+        (f64::INFINITY, now, now + 1_000.0),
+        (5e9, now, now + 1_000.0),
+        (1.0, -1.0, now + 1_000.0),
+        (1.0, now + 0.5, now + 1_000.0),
+        (1.0, 9_007_199_254_740_992.0, now + 1_000.0),
+        (1.0, f64::NAN, now + 1_000.0),
+        (1.0, now, f64::NAN),
+        (1.0, now, -1.0),
+        (1.0, now, 36_028_797_018_963_968.0),
+    ]
+}
+
+/// Runs every operation on every [`planted_values`] through the reference and through `lua`,
+/// and describes the first disagreement.
+async fn planted(
+    conn: &mut MultiplexedConnection,
+    lua: &redis::Script,
+    key: &str,
+) -> Result<(), String> {
+    let limit = Limit::per_second(10).map_err(|e| e.to_string())?;
+    let p = limit.params();
+    let now = PLANTED_NOW;
+    let steps = [
+        (Op::Acquire, 1, 0),
+        (Op::Acquire, 2, 60_000),
+        (Op::Peek, 0, 0),
+        (Op::Refund, 1, 0),
+        (Op::Drain, now + 5_000, 0),
+    ];
+    for (t, ts, keep) in planted_values() {
+        let value = [t.to_le_bytes(), ts.to_le_bytes(), keep.to_le_bytes()].concat();
+        let sound = bucket::sound(&p, State { t, ts }) && (0.0..=2f64.powi(54)).contains(&keep);
+        for (op, x, max_wait) in steps {
+            let log =
+                format!("planted t={t} ts={ts} keep={keep}\n  {op:?} x={x} max_wait={max_wait}\n");
+            let _: () = redis::cmd("SET")
+                .arg(key)
+                .arg(&value[..])
+                .query_async(conn)
+                .await
+                .map_err(|e| e.to_string())?;
+            if sound {
+                let mut stored = Stored {
+                    state: Some(State { t, ts }),
+                    keep,
+                };
+                let step = Step {
+                    now,
+                    op,
+                    x,
+                    max_wait,
+                };
+                check_step(conn, lua, key, limit, &mut stored, step, &log).await?;
+                continue;
+            }
+            let args = Args {
+                op,
+                limit,
+                x,
+                max_wait,
+            };
+            let reply: Result<redis::Value, _> = redis::cmd("EVALSHA")
+                .arg(lua.get_hash())
+                .arg(1)
+                .arg(key)
+                .arg(&args.pack(now)[..])
+                .query_async(conn)
+                .await;
+            match reply {
+                Err(e) if e.code() == Some(super::CORRUPT_CODE) => {}
+                other => return Err(format!("{log}  lua decided on it: {other:?}")),
+            }
+            let after: Option<Vec<u8>> = redis::cmd("GET")
+                .arg(key)
+                .query_async(conn)
+                .await
+                .map_err(|e| e.to_string())?;
+            if after.as_deref() != Some(&value[..]) {
+                return Err(format!("{log}  lua changed the refused value: {after:?}"));
+            }
+        }
+    }
+    Ok(())
+}
+
 async fn connect() -> MultiplexedConnection {
     let url = redis_server::url();
     let client = redis::Client::open(url.as_str()).expect("a valid Redis URL");
@@ -402,6 +524,9 @@ async fn lua_and_reference_agree_bit_for_bit() {
     if let Err(e) = corners(&mut conn, &lua, &key).await {
         panic!("the Lua script and bucket.rs disagree:\n{e}");
     }
+    if let Err(e) = planted(&mut conn, &lua, &key).await {
+        panic!("the Lua script and bucket.rs disagree on a planted value:\n{e}");
+    }
     for seed in 0..traces() {
         if let Err(e) = trace(&mut conn, &lua, &key, seed).await {
             panic!("the Lua script and bucket.rs disagree:\n{e}");
@@ -423,15 +548,15 @@ const MUTANTS: &[(&str, &str)] = &[
         "if t >= target then return now end",
     ),
     (
-        "while t + e * tokens / interval < target do e = e + 1 end",
+        "while n < 8 and t + e * tokens / interval < target do e = e + 1; n = n + 1 end",
         "",
     ),
     (
-        "while t + e * tokens / interval < target do e = e + 1 end",
-        "while t + e * (tokens / interval) < target do e = e + 1 end",
+        "while n < 8 and t + e * tokens / interval < target do e = e + 1; n = n + 1 end",
+        "while n < 8 and t + e * (tokens / interval) < target do e = e + 1; n = n + 1 end",
     ),
     (
-        "while e > 0 and t + (e - 1) * tokens / interval >= target do e = e - 1 end",
+        "while n < 8 and e > 0 and t + (e - 1) * tokens / interval >= target do e = e - 1; n = n + 1 end",
         "",
     ),
     // The arguments, the clock, the stored state and what is available now.
@@ -464,7 +589,7 @@ const MUTANTS: &[(&str, &str)] = &[
     ),
     ("local need = ts2 + e + interval", "local need = ts2 + e"),
     (
-        "  if need <= keep then\n    local",
+        "  if need <= keep and keep <= need + interval then\n    local",
         "  if need <= keep + interval then\n    local",
     ),
     (
@@ -480,8 +605,8 @@ const MUTANTS: &[(&str, &str)] = &[
         "local stored2 = struct.pack('<ddd', ts2, t2, need + interval)",
     ),
     (
+        "string.format('%d', need + interval - ts2))",
         "string.format('%d', need + interval - now))",
-        "string.format('%d', need - now))",
     ),
     // acquire: a wait, or a denial
     ("if max_wait > MAX_WAIT then max_wait = MAX_WAIT end", ""),
@@ -498,26 +623,23 @@ const MUTANTS: &[(&str, &str)] = &[
         "if not (wait <= max_wait) then",
         "if not (wait < max_wait) then",
     ),
-    (
-        "t2, ts3 = avail - x - over, ts2",
-        "t2, ts3 = avail - x, ts2",
-    ),
+    ("t2 = avail - x - over", "t2 = avail - x"),
     (
         "if avail > 0 then left = avail - avail % 1 end\n    return struct.pack('<dddd', 0,",
         "if t > 0 then left = t - t % 1 end\n    return struct.pack('<dddd', 0,",
     ),
     (
-        "return struct.pack('<dddd', 0, wait, left, ready_at(t, ts, capacity) - now) .. stored",
-        "return struct.pack('<dddd', 0, wait, left, ready_at(t, ts2, capacity) - now) .. stored",
+        "return struct.pack('<dddd', 0, wait, left, ready_at(t, ts, capacity) - ts2) .. stored",
+        "return struct.pack('<dddd', 0, wait, left, ready_at(t, ts2, capacity) - ts2) .. stored",
     ),
     // peek
     (
-        "if not (avail >= 1) then next_in = ready_at(t, ts, 1) - now end",
-        "if not (avail >= 1) then next_in = ready_at(t, ts, 1) - now - 1 end",
+        "if not (avail >= 1) then next_in = ready_at(t, ts, 1) - ts2 end",
+        "if not (avail >= 1) then next_in = ready_at(t, ts, 1) - ts2 - 1 end",
     ),
     (
-        "if not (avail >= 1) then next_in = ready_at(t, ts, 1) - now end",
-        "next_in = ready_at(t, ts, 1) - now",
+        "if not (avail >= 1) then next_in = ready_at(t, ts, 1) - ts2 end",
+        "next_in = ready_at(t, ts, 1) - ts2",
     ),
     ("if not (reset > 0) then reset = 0 end", ""),
     (
@@ -525,37 +647,75 @@ const MUTANTS: &[(&str, &str)] = &[
         "return struct.pack('<dddd', avail > 1 and 1 or 0, next_in, left, reset)",
     ),
     (
-        "ready_at(t, ts, capacity) - now) .. stored",
-        "ready_at(t, ts, capacity) - now)",
+        "ready_at(t, ts, capacity) - ts2) .. stored",
+        "ready_at(t, ts, capacity) - ts2)",
     ),
     // refund and drain, and the write they share with an admission after a wait
     ("if not (t2 < capacity) then t2 = capacity end", ""),
-    ("ts3, wait = ts2, 0", "ts3, wait = ts2, 1"),
+    (
+        "  if not (t2 < capacity) then t2 = capacity end\n  wait = 0",
+        "  if not (t2 < capacity) then t2 = capacity end\n  wait = 1",
+    ),
     ("if x > MAX_TIME then x = MAX_TIME end", ""),
-    ("if avail > 0 then t2 = 0 end", "t2 = 0"),
-    ("if x > ts2 then ts3 = x end", "ts3 = x"),
+    ("if floor < avail then t2 = floor end", "t2 = floor"),
+    ("if x > ts2 + MAX_WAIT then x = ts2 + MAX_WAIT end", ""),
+    (
+        "if x > ts2 then floor = -((x - ts2) * tokens / interval) end",
+        "if x > ts2 then floor = -((x - now) * tokens / interval) end",
+    ),
     ("local need = full + interval", "local need = full"),
     (
+        "\nif need <= keep and keep <= need + interval then",
         "\nif need <= keep then",
-        "\nif need <= keep + interval then",
     ),
     ("  keep = need + interval", "  keep = need"),
     (
-        "struct.pack('<ddd', t2, ts3, keep), 'PX'",
-        "struct.pack('>ddd', t2, ts3, keep), 'PX'",
+        "struct.pack('<ddd', t2, ts2, keep), 'PX'",
+        "struct.pack('>ddd', t2, ts2, keep), 'PX'",
     ),
     (
+        "string.format('%d', keep - ts2))",
         "string.format('%d', keep - now))",
-        "string.format('%d', keep - ts3))",
     ),
     (
         "if t2 > 0 then left = t2 - t2 % 1 end",
         "if t2 > 0 then left = t2 - t2 % 1 + 1 end",
     ),
     (
+        "return struct.pack('<dddd', 1, wait, left, full - ts2)",
         "return struct.pack('<dddd', 1, wait, left, full - now)",
-        "return struct.pack('<dddd', 1, left, wait, full - now)",
     ),
+    // waits from the later of now and the stored time
+    ("  wait = ready - ts2", "  wait = ready - now"),
+    (
+        "  if need <= keep and keep <= need + interval then\n    local",
+        "  if need <= keep then\n    local",
+    ),
+    // the lead bound on a stored time
+    (
+        "  if ts > lead_max then\n    ts = now\n",
+        "  if ts > lead_max then\n    ts = lead_max\n",
+    ),
+    ("    if op ~= 2 then", "    if op ~= 0 then"),
+    (
+        "      keep = ts + e + interval + interval",
+        "      keep = ts + e + interval",
+    ),
+    ("      if e < 0 then e = 0 end", ""),
+    (
+        "  local lead_max = now + (lead + interval)",
+        "  local lead_max = now + lead",
+    ),
+    (
+        "  if lead_whole < lead then lead = lead_whole + 1 else lead = lead_whole end",
+        "",
+    ),
+    // the stored value's validation, caught by the planted values
+    ("and ts % 1 == 0", ""),
+    ("t >= -(2 * MAX_WAIT", "t >= -(4 * MAX_WAIT"),
+    ("and t <= MAX_TOKENS", ""),
+    ("      and ts >= 0 and ts <= MAX_TIME", "      and ts >= 0"),
+    ("and keep >= 0 and keep <= MAX_KEEP", "and keep >= 0"),
 ];
 
 #[tokio::test]
@@ -572,6 +732,15 @@ async fn every_single_line_mutant_of_the_script_is_caught() {
         );
         let lua = load(&mut conn, &source.replacen(from, to, 1)).await;
         let original = load(&mut conn, source).await;
+        if planted(&mut conn, &lua, &key).await.is_err() {
+            let clean = planted(&mut conn, &original, &key).await;
+            assert!(
+                clean.is_ok(),
+                "the unmutated script fails the planted values: {clean:?}"
+            );
+            let _ = writeln!(report, "caught by a planted value: {from:?} -> {to:?}");
+            continue;
+        }
         if corners(&mut conn, &lua, &key).await.is_err() {
             let clean = corners(&mut conn, &original, &key).await;
             assert!(
