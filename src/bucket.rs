@@ -99,6 +99,10 @@ pub(crate) struct Outcome {
     pub(crate) remaining: u64,
     /// Until the bucket is full again.
     pub(crate) reset: u64,
+    /// The time the waits count from: the later of the caller's clock and the stored time (after
+    /// a stored time far ahead was moved back). An admission's slot is `at + wait`, on the
+    /// timeline of the stored times, which is what a refund names its reservation by.
+    pub(crate) at: u64,
 }
 
 /// The state to store after a call that writes.
@@ -125,13 +129,13 @@ impl Write {
     /// What the script answers for a refund or a drain that wrote `self`, and what an
     /// admission with no wait answers: the script sends only the state it stored then, and
     /// the caller works this out from it.
-    #[cfg(feature = "redis")]
     pub(crate) fn outcome(&self) -> Outcome {
         Outcome {
             allowed: true,
             wait: 0,
             remaining: whole_tokens(self.state.t),
             reset: whole(self.full - self.at),
+            at: whole(self.at),
         }
     }
 }
@@ -326,6 +330,7 @@ pub(crate) fn evaluate(
             wait: whole(wait),
             remaining: whole_tokens(w.state.t),
             reset: whole(w.full - ts),
+            at: whole(ts),
         };
         (outcome, Some(w))
     } else {
@@ -334,6 +339,7 @@ pub(crate) fn evaluate(
             wait: whole(wait),
             remaining: whole_tokens(avail),
             reset: whole(ready_at(p, s.t, s.ts, p.capacity) - ts),
+            at: whole(ts),
         };
         (outcome, clamped.then(|| write(p, s.t, s.ts)))
     }
@@ -355,14 +361,52 @@ pub(crate) fn peek(p: &Params, state: Option<State>, now: u64) -> Outcome {
         wait: whole(next),
         remaining: whole_tokens(avail),
         reset: whole(max(0.0, ready_at(p, s.t, s.ts, p.capacity) - ts)),
+        at: whole(ts),
     }
 }
 
-/// Gives `cost` tokens back (an abandoned reservation), never above capacity.
-pub(crate) fn refund(p: &Params, state: Option<State>, now: u64, cost: f64) -> Write {
+/// Gives back the `cost` tokens of a reservation whose slot was `ready` (milliseconds on the
+/// stored times' timeline), never above capacity, but only where no other reservation could
+/// lose its slot by it: the outcome is allowed when the tokens went back.
+///
+/// - A slot still ahead (`ready` after the later of now and the stored time) goes back only
+///   while it is the last one queued: the bucket then holds, at `ready`, at least nothing and
+///   less than `cost` (after the reservation it reached zero at most a millisecond's refill
+///   before its whole-millisecond slot). A later reservation leaves it in debt at `ready`; a
+///   refund already made leaves it at `cost` or more, so a refund repeated gives nothing.
+/// - A slot already due goes back only while the bucket is in no debt: debt now means later
+///   reservations, whose slots the tokens would move.
+///
+/// Otherwise the tokens stay spent, the safe direction. Nothing is written then, unless a stored
+/// time far ahead was moved back.
+pub(crate) fn refund(
+    p: &Params,
+    state: Option<State>,
+    now: u64,
+    cost: f64,
+    ready: u64,
+) -> (Outcome, Option<Write>) {
     let now = time(now);
-    let (_, avail, ts, _) = available(p, state, now);
-    write(p, min(p.capacity, avail + cost), ts)
+    let ready = time(ready);
+    let (s, avail, ts, clamped) = available(p, state, now);
+    let applies = if ready > ts {
+        let held = s.t + refill(p, ready - s.ts);
+        held >= 0.0 && held < cost
+    } else {
+        avail >= 0.0
+    };
+    if applies {
+        let w = write(p, min(p.capacity, avail + cost), ts);
+        return (w.outcome(), Some(w));
+    }
+    let outcome = Outcome {
+        allowed: false,
+        wait: 0,
+        remaining: whole_tokens(avail),
+        reset: whole(max(0.0, ready_at(p, s.t, s.ts, p.capacity) - ts)),
+        at: whole(ts),
+    };
+    (outcome, clamped.then(|| write(p, s.t, s.ts)))
 }
 
 /// Empties the bucket until `until`: nothing is available before it, and the first token is due

@@ -103,10 +103,11 @@
 //! for a "1 per minute" endpoint.
 //!
 //! A caller that gives up on its reservation hands the tokens back with
-//! [`BucketStore::refund`]. When the upstream answers 429 anyway, [`BucketStore::drain_until`]
-//! empties the shared bucket until the time it names, so every worker backs off, not only the
-//! one that was told. Refill starts at that time, so the first new token arrives one token period
-//! after it.
+//! [`BucketStore::refund`], naming it by its [`Reservation`]: the tokens go back only while no
+//! other caller is queued behind it, so a refund never frees a slot someone else holds. When the
+//! upstream answers 429 anyway, [`BucketStore::drain_until`] empties the shared bucket until the
+//! time it names, so every worker backs off, not only the one that was told. The first new token
+//! arrives one token period after it.
 //!
 //! ```
 //! use std::time::Duration;
@@ -122,18 +123,20 @@
 //! assert_eq!(max_wait, Duration::from_secs(120));
 //!
 //! // The first goes now, the next two are admitted after one and two minutes.
+//! let mut last = None;
 //! for expected in [0, 60, 120] {
 //!     let decision = store.acquire(&key, sales, 1, max_wait).await?;
 //!     assert!(decision.is_admitted());
 //!     assert_eq!(decision.wait(), Duration::from_secs(expected));
+//!     last = decision.reservation();
 //! }
 //!
 //! // A fourth would wait three minutes, more than it may: denied, nothing taken.
 //! let fourth = store.acquire(&key, sales, 1, max_wait).await?;
 //! assert_eq!(fourth.retry_after(), Some(Duration::from_secs(180)));
 //!
-//! // The third caller gives up, and its token goes back to the queue.
-//! store.refund(&key, sales, 1).await?;
+//! // The third caller, last in the queue, gives up, and its slot goes back.
+//! store.refund(&key, sales, last.expect("admitted")).await?;
 //! let fourth = store.acquire(&key, sales, 1, max_wait).await?;
 //! assert_eq!(fourth.wait(), Duration::from_secs(120));
 //!
@@ -262,7 +265,8 @@ pub use limit::{InvalidLimit, Limit};
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
 pub use middleware::RateLimitMiddleware;
 pub use store::{
-    BackendError, BoxFuture, BucketStore, Decision, DynBucketStore, MemoryStore, Quota, StoreError,
+    BackendError, BoxFuture, BucketStore, Decision, DynBucketStore, MemoryStore, Quota,
+    Reservation, StoreError,
 };
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]

@@ -229,8 +229,8 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
         tokio::spawn(async move {
             let result = store.acquire(&key, limit, 1, max_wait).await;
             if let Err(Ok(unreceived)) = tx.send(result)
-                && unreceived.is_admitted()
-                && let Err(e) = store.refund(&key, limit, 1).await
+                && let Some(reservation) = unreceived.reservation()
+                && let Err(e) = store.refund(&key, limit, reservation).await
             {
                 tracing::warn!(bucket = key.bucket(), error = %e, "refund failed");
             }
@@ -402,9 +402,11 @@ where
             let limited = RateLimited::new(retry, limit, &bucket, decision.remaining());
             return Err(reqwest_middleware::Error::middleware(limited));
         }
-        if !decision.wait().is_zero() {
+        if let Some(reservation) = decision.reservation()
+            && !decision.wait().is_zero()
+        {
             let mut guard = RefundGuard::new(self.store.clone());
-            guard.push(key.clone(), limit, 1);
+            guard.push(key.clone(), limit, reservation);
             tracing::debug!(
                 bucket = &*bucket,
                 key = %key.fingerprint(),

@@ -8,7 +8,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use burstgate::{
     BucketKey, BucketStore, DynBucketStore, InvalidKey, InvalidLimit, Limit, ManualClock,
-    MemoryStore, StoreError,
+    MemoryStore, Reservation, StoreError,
 };
 
 #[cfg(feature = "redis")]
@@ -269,13 +269,15 @@ mod costs {
                         "{name}: cost {cost}: {above:?}"
                     );
                 }
-                let refund = store.refund(&k, l, cost).await;
+                let refund = store
+                    .refund(&k, l, Reservation::new(cost, UNIX_EPOCH))
+                    .await;
                 assert!(
                     matches!(refund, Err(StoreError::CostAboveCapacity { .. })),
                     "{name}: {refund:?}"
                 );
             }
-            let refund = store.refund(&k, l, 0).await;
+            let refund = store.refund(&k, l, Reservation::new(0, UNIX_EPOCH)).await;
             assert!(
                 matches!(refund, Err(StoreError::ZeroCost)),
                 "{name}: {refund:?}"
@@ -311,7 +313,12 @@ mod costs {
         let (_, redis) = &s.all[1];
         assert!(redis.acquire(&k, l, 0, ZERO).await.is_err());
         assert!(redis.acquire(&k, l, 11, ZERO).await.is_err());
-        assert!(redis.refund(&k, l, 11).await.is_err());
+        assert!(
+            redis
+                .refund(&k, l, Reservation::new(11, UNIX_EPOCH))
+                .await
+                .is_err()
+        );
         let side = s.redis.as_ref().expect("the redis side");
         assert_eq!(side.keys().await, Vec::<String>::new());
     }

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use burstgate::{
-    BucketKey, BucketStore, DynBucketStore, Limit, ManualClock, MemoryStore, StoreError,
+    BucketKey, BucketStore, DynBucketStore, Limit, ManualClock, MemoryStore, Reservation,
+    StoreError,
 };
 
 #[cfg(feature = "redis")]
@@ -109,16 +110,62 @@ mod cases {
             .expect("decides");
         assert_eq!(d.wait(), Duration::from_secs(2));
         // The caller gives up: its reservation goes back.
-        store.refund(&k, l, 2).await.expect("refunds");
+        let reservation = d.reservation().expect("admitted");
+        store.refund(&k, l, reservation).await.expect("refunds");
         let q = store.peek(&k, l).await.expect("peeks");
         assert_eq!((q.remaining(), q.used()), (0, 3));
         assert_eq!(q.next_token_in(), Duration::from_secs(1));
         // More refunds than were taken never raise the bucket above capacity.
-        store.refund(&k, l, 3).await.expect("refunds");
-        store.refund(&k, l, 3).await.expect("refunds");
+        let now = Reservation::new(3, UNIX_EPOCH + Duration::from_millis(START));
+        store.refund(&k, l, now).await.expect("refunds");
+        store.refund(&k, l, now).await.expect("refunds");
         let q = store.peek(&k, l).await.expect("peeks");
         assert_eq!((q.capacity(), q.remaining(), q.used()), (3, 3, 0));
         assert_eq!(q.resets_in(), ZERO);
+    }
+
+    /// The slot of each admission, in ms from START.
+    async fn slot<S: BucketStore>(store: &S, k: &BucketKey, l: Limit) -> (u64, Reservation) {
+        let d = store
+            .acquire(k, l, 1, Duration::from_secs(3_600))
+            .await
+            .expect("decides");
+        let r = d.reservation().expect("admitted");
+        let at = r.ready_at().duration_since(UNIX_EPOCH).expect("after 1970");
+        (at.as_millis() as u64 - START, r)
+    }
+
+    pub(crate) async fn a_refund_from_the_middle_of_the_queue_double_books_a_slot<S, F>(
+        make: impl FnOnce(ManualClock) -> F,
+    ) where
+        S: BucketStore,
+        F: Future<Output = S>,
+    {
+        let store = make(ManualClock::new(START)).await;
+        // 1 per minute, no burst.
+        let l = limit(1, 60_000, 1);
+        let k = key("queue", "seller");
+        let (a, _) = slot(&store, &k, l).await;
+        let (b, middle) = slot(&store, &k, l).await;
+        let (c, tail) = slot(&store, &k, l).await;
+        assert_eq!((a, b, c), (0, 60_000, 120_000));
+        // The middle one gives up: its slot is not the tail's to hand out again.
+        store.refund(&k, l, middle).await.expect("refunds");
+        let (d, last) = slot(&store, &k, l).await;
+        assert_eq!(d, 180_000, "booked after every reservation still waiting");
+        // Every send that goes out (a, c, d) is at least one token period from the others.
+        for pair in [(a, c), (c, d)] {
+            assert!(pair.1 - pair.0 >= 60_000, "{pair:?}");
+        }
+        // The tail's refund gives its slot back, once however often it is made.
+        store.refund(&k, l, last).await.expect("refunds");
+        store.refund(&k, l, last).await.expect("refunds");
+        let (e, _) = slot(&store, &k, l).await;
+        assert_eq!(e, 180_000);
+        // And a reservation no longer last in the queue gives nothing back.
+        store.refund(&k, l, tail).await.expect("refunds");
+        let (f, _) = slot(&store, &k, l).await;
+        assert_eq!(f, 240_000);
     }
 
     pub(crate) async fn a_drain_blocks_every_caller_until_its_deadline<S, F>(
@@ -200,7 +247,13 @@ mod cases {
             ),
             "{e:?}"
         );
-        let e = store.refund(&k, l, 0).await;
+        let e = store
+            .refund(
+                &k,
+                l,
+                Reservation::new(0, UNIX_EPOCH + Duration::from_millis(START)),
+            )
+            .await;
         assert!(matches!(e, Err(StoreError::ZeroCost)), "{e:?}");
         // Nothing was taken by the refused calls.
         assert_eq!(store.peek(&k, l).await.expect("peeks").remaining(), 5);
@@ -351,6 +404,11 @@ macro_rules! suite {
             #[tokio::test]
             async fn reservations_queue_in_arrival_order() {
                 cases::reservations_queue_in_arrival_order($make).await;
+            }
+
+            #[tokio::test]
+            async fn a_refund_from_the_middle_of_the_queue_double_books_a_slot() {
+                cases::a_refund_from_the_middle_of_the_queue_double_books_a_slot($make).await;
             }
 
             #[tokio::test]

@@ -14,7 +14,7 @@
 use std::time::{Duration, UNIX_EPOCH};
 
 use burstgate::{
-    BucketKey, BucketStore, InvalidLimit, Limit, ManualClock, MemoryStore, StoreError,
+    BucketKey, BucketStore, InvalidLimit, Limit, ManualClock, MemoryStore, Reservation, StoreError,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence};
@@ -267,15 +267,19 @@ fn run(limit: Limit, ops: &[Op]) -> Result<(), TestCaseError> {
                     prop_assert!(q.next_token_in() >= Duration::from_millis(1));
                 }
             }
-            Op::Refund { cost } => match runtime.block_on(store.refund(&key, limit, cost)) {
-                Ok(()) => {
-                    prop_assert!(cost >= 1 && cost <= burst, "step {}: cost {}", i, cost);
-                    refunded += u64::from(cost);
+            Op::Refund { cost } => {
+                // A slot due now: it goes back while the bucket is in no debt.
+                let reservation = Reservation::new(cost, UNIX_EPOCH + Duration::from_millis(now));
+                match runtime.block_on(store.refund(&key, limit, reservation)) {
+                    Ok(()) => {
+                        prop_assert!(cost >= 1 && cost <= burst, "step {}: cost {}", i, cost);
+                        refunded += u64::from(cost);
+                    }
+                    Err(StoreError::ZeroCost) => prop_assert_eq!(cost, 0),
+                    Err(StoreError::CostAboveCapacity { .. }) => prop_assert!(cost > burst),
+                    Err(e) => prop_assert!(false, "step {}: unexpected error {:?}", i, e),
                 }
-                Err(StoreError::ZeroCost) => prop_assert_eq!(cost, 0),
-                Err(StoreError::CostAboveCapacity { .. }) => prop_assert!(cost > burst),
-                Err(e) => prop_assert!(false, "step {}: unexpected error {:?}", i, e),
-            },
+            }
             Op::Drain { ahead } => {
                 let until = now.saturating_add_signed(ahead);
                 latest = latest.max(until);

@@ -419,8 +419,13 @@ impl BucketStore for StuckOn {
         self.store.peek(key, limit).await
     }
 
-    async fn refund(&self, key: &BucketKey, limit: Limit, cost: u32) -> Result<(), StoreError> {
-        self.store.refund(key, limit, cost).await
+    async fn refund(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+        reservation: burstgate::Reservation,
+    ) -> Result<(), StoreError> {
+        self.store.refund(key, limit, reservation).await
     }
 
     async fn drain_until(

@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use burstgate::{
-    Breaker, BucketKey, BucketStore, Limit, ManualClock, OutagePolicy, RedisStore, StoreError,
+    Breaker, BucketKey, BucketStore, Limit, ManualClock, OutagePolicy, RedisStore, Reservation,
+    StoreError,
 };
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{Cmd, Pipeline, RedisFuture, Value};
@@ -139,6 +140,12 @@ fn limit(per_second: u32, burst: u32) -> Limit {
         .expect("a valid limit")
 }
 
+/// A reservation of `cost` tokens whose slot was START: due, so it goes back while the bucket is
+/// in no debt.
+fn at_start(cost: u32) -> Reservation {
+    Reservation::new(cost, std::time::UNIX_EPOCH + Duration::from_millis(START))
+}
+
 fn key(name: &str) -> BucketKey {
     BucketKey::new("outage", name).expect("a valid key")
 }
@@ -178,7 +185,7 @@ async fn fail_closed_errs_then_answers_at_once_while_the_circuit_is_open() {
         Err(StoreError::Unavailable { .. })
     ));
     assert!(matches!(
-        store.refund(&k, limit(1, 5), 1).await,
+        store.refund(&k, limit(1, 5), at_start(1)).await,
         Err(StoreError::Unavailable { .. })
     ));
 }
@@ -265,7 +272,7 @@ async fn fail_open_admits_acquires_and_still_reports_the_rest() {
         assert_eq!(d.limit(), l);
     }
     assert!(store.peek(&k, l).await.is_err());
-    assert!(store.refund(&k, l, 1).await.is_err());
+    assert!(store.refund(&k, l, at_start(1)).await.is_err());
     let until = std::time::SystemTime::UNIX_EPOCH + Duration::from_millis(START + 1_000);
     assert!(store.drain_until(&k, l, until).await.is_err());
     // Bad costs are mistakes, not outages.
@@ -303,8 +310,15 @@ async fn local_fallback_gives_each_process_its_share_and_no_more() {
         stores[0].acquire(&k, l, 6, ZERO).await,
         Err(StoreError::Unavailable { .. } | StoreError::Backend(_))
     ));
-    // Refunds and peeks go to the local bucket too.
-    stores[0].refund(&k, l, 1).await.expect("local refund");
+    // Refunds go to the bucket that gave the tokens, and peeks to the local bucket too.
+    clock.advance(Duration::from_millis(200));
+    let d = stores[0].acquire(&k, l, 1, ZERO).await.expect("local");
+    assert!(d.is_admitted());
+    let reservation = d.reservation().expect("admitted");
+    stores[0]
+        .refund(&k, l, reservation)
+        .await
+        .expect("local refund");
     let q = stores[0].peek(&k, l).await.expect("local peek");
     assert_eq!((q.remaining(), q.capacity()), (1, 10));
 }
@@ -477,7 +491,7 @@ async fn a_refund_through_the_store_drops_the_cached_denial() {
             .expect("decides")
             .is_admitted()
     );
-    s.refund(&k, l, 1).await.expect("refund");
+    s.refund(&k, l, at_start(1)).await.expect("refund");
     assert!(
         s.acquire(&k, l, 1, ZERO)
             .await
@@ -511,7 +525,9 @@ async fn another_processs_refund_is_seen_no_later_than_the_cached_retry_after() 
     }
     let denied = a.acquire(&k, l, 1, ZERO).await.expect("decides");
     assert_eq!(denied.retry_after(), Some(Duration::from_secs(1)));
-    b.refund(&k, l, 1).await.expect("refund elsewhere");
+    b.refund(&k, l, at_start(1))
+        .await
+        .expect("refund elsewhere");
     // The documented worst case: Redis would admit now, the cache still denies...
     assert!(b.peek(&k, l).await.expect("peek").remaining() == 1);
     let d = a.acquire(&k, l, 1, ZERO).await.expect("decides");

@@ -168,7 +168,13 @@ async fn a_key_of_another_type_is_a_wrong_type_error_naming_it() {
             Err(StoreError::WrongType { .. })
         ));
         assert!(matches!(
-            store.refund(key, orders(), 1).await,
+            store
+                .refund(
+                    key,
+                    orders(),
+                    burstgate::Reservation::new(1, std::time::SystemTime::now())
+                )
+                .await,
             Err(StoreError::WrongType { .. })
         ));
         // The value is untouched.

@@ -278,6 +278,69 @@ proptest! {
     }
 
     #[test]
+    fn refunds_never_let_two_sends_closer_than_the_limit_allows(
+        limit in small_limit(),
+        ops in prop::collection::vec((0u64..2_000, 0u8..5, any::<u32>()), 1..120),
+    ) {
+        let p = limit.params();
+        let refill = u64::try_from(limit.refill_time().as_millis()).unwrap_or(u64::MAX);
+        let mut state = None;
+        let mut now = START;
+        // Reservations waiting for their slot, as (slot, cost), and the sends made.
+        let mut waiting: Vec<(u64, u64)> = Vec::new();
+        let mut sends: Vec<(u64, u64)> = Vec::new();
+        for (dt, op, pick) in ops {
+            now += dt % (refill + 2);
+            waiting.retain(|&(slot, cost)| {
+                let due = slot <= now;
+                if due {
+                    sends.push((slot, cost));
+                }
+                !due
+            });
+            let cost = 1 + u64::from(pick) % u64::from(limit.burst().min(3));
+            match op {
+                0..=2 => {
+                    let (o, w) = evaluate(&p, state, now, cost as f64, 3 * refill);
+                    if o.allowed {
+                        waiting.push((o.at + o.wait, cost));
+                    }
+                    if let Some(w) = w {
+                        state = Some(w.state);
+                    }
+                }
+                3 if !waiting.is_empty() => {
+                    // Any waiting caller gives up: it never sends, and refunds its slot.
+                    let (slot, cost) = waiting.remove(pick as usize % waiting.len());
+                    let (_, w) = refund(&p, state, now, cost as f64, slot);
+                    if let Some(w) = w {
+                        state = Some(w.state);
+                    }
+                }
+                _ => {
+                    let until = now + u64::from(pick) % (refill + 1);
+                    state = Some(drain_until(&p, state, now, until).state);
+                }
+            }
+        }
+        sends.extend(waiting);
+        sends.sort_unstable();
+        // A strict bucket upstream with the same limit, full at the start, in whole units of
+        // a token times the interval: it must take every send.
+        let (tokens, interval) = (u128::from(limit.tokens()), u128::from(limit.interval_ms()));
+        let full = u128::from(limit.burst()) * interval;
+        let (mut level, mut last) = (full, START);
+        for &(at, cost) in &sends {
+            level = full.min(level + u128::from(at - last) * tokens);
+            last = at;
+            let need = u128::from(cost) * interval;
+            prop_assert!(level >= need, "a send of {} at {} found {}/{} upstream: {:?}",
+                cost, at - START, level, interval, sends);
+            level -= need;
+        }
+    }
+
+    #[test]
     fn nothing_overflows_for_any_limit_cost_and_time(
         limit in limit(),
         ops in prop::collection::vec((any::<u64>(), any::<u32>(), 0u8..4, any::<u64>()), 1..30),
@@ -298,7 +361,7 @@ proptest! {
                     prop_assert!(o.remaining <= u64::from(limit.burst()));
                     None
                 }
-                2 => Some(refund(&p, state, now, cost)),
+                2 => refund(&p, state, now, cost, arg).1,
                 _ => Some(drain_until(&p, state, now, arg)),
             };
             if let Some(w) = write {
@@ -325,8 +388,8 @@ fn a_stale_clock_refills_nothing_and_never_moves_time_back() {
     let (o, w) = evaluate(&p, state, 9_000, 1.0, 0);
     assert!(!o.allowed && w.is_none());
     assert_eq!(o.wait, 1_000);
-    let w = refund(&p, state, 9_000, 1.0);
-    assert_eq!(w.state.ts, 10_000.0);
+    let (_, w) = refund(&p, state, 9_000, 1.0, 9_000);
+    assert_eq!(w.map(|w| w.state.ts), Some(10_000.0));
 }
 
 #[test]
@@ -351,7 +414,8 @@ fn a_stored_time_far_ahead_is_clamped_to_the_lead_bound() {
     let q = peek(&p, state, START);
     assert_eq!(q.wait, 60_000);
     // Its write keeps the moved time, and its expiry counts from it.
-    let w = refund(&p, state, START, 1.0);
+    let (_, w) = refund(&p, state, START, 1.0, START);
+    let w = w.expect("a write");
     assert_eq!(w.state.ts, START as f64);
     assert!(w.ttl(&p) <= 10 * 60_000 + 2 * 60_000);
     // A lead within the bound (11 minutes here) is the other writer's clock, and counts as it
@@ -380,7 +444,9 @@ fn drain_blocks_until_the_deadline_then_refills() {
 fn refund_never_exceeds_capacity() {
     let p = Params::new(1.0, 1000.0, 3.0);
     let (_, w) = evaluate(&p, None, 0, 1.0, 0);
-    let w = refund(&p, w.map(|w| w.state), 0, 3.0);
+    let (o, w) = refund(&p, w.map(|w| w.state), 0, 3.0, 0);
+    assert!(o.allowed);
+    let w = w.expect("a write");
     assert_eq!(w.state.t, 3.0);
     assert_eq!(w.full, 0.0);
 }

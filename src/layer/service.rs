@@ -167,10 +167,12 @@ pub(crate) async fn decide<St: BucketStore + Clone, B: From<String>>(
                 // store call, or the wait. Tokens of the last rule taken for a request that goes
                 // at once are spent before anything else runs, so they need no guard (and the
                 // guard no allocation).
-                if n + 1 < count || !wait.is_zero() {
+                if let Some(reservation) = d.reservation()
+                    && (n + 1 < count || !wait.is_zero())
+                {
                     guard
                         .get_or_insert_with(|| RefundGuard::new(config.store.clone()))
-                        .push(p.key, rule.limit, p.cost);
+                        .push(p.key, rule.limit, reservation);
                 }
                 decisions.push((p.rule, d, p.cost));
             }

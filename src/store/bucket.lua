@@ -6,15 +6,17 @@
 --          (its expiry, on the callers' clock), each an IEEE 754 double, little-endian
 -- ARGV[1]  56 bytes, struct.pack('<ddddddd', op, now, tokens, interval, capacity, x, max_wait):
 --          op 1 acquire, 2 peek, 3 refund, 4 drain; interval and max_wait in milliseconds; x is
---          the cost for acquire and refund, the deadline for drain; max_wait is read by acquire
+--          the cost for acquire and refund, the deadline for drain; max_wait is read by acquire,
+--          and carries the reservation's slot (ms) for refund
 -- Returns  one string, or an array of one. An acquire admitted with no wait returns the 24-byte
 --          value it stored: the caller works out remaining and reset from it with the same
 --          arithmetic, since wait is 0, which spares Redis the packing of four numbers on the
 --          busiest path. An acquire denied with max_wait 0 returns {stored}, the value it read,
 --          and the caller works out the denial from it. Any other call returns
---          struct.pack('<dddd', allowed, wait, remaining, reset), all whole numbers, and a
---          denial (one that was allowed to wait, not long enough) appends the stored value, as
---          it was read (56 bytes in all).
+--          struct.pack('<ddddd', allowed, wait, remaining, reset, at), all whole numbers (at is the
+--          time the waits count from, ts2 below; for a refund, allowed says whether the tokens
+--          went back), and a denial (one that was allowed to wait, not long enough) appends the
+--          stored value, as it was read (64 bytes in all).
 --
 -- Numbers cross the boundary as their own 8 bytes, both ways, so they round-trip exactly, with
 -- no decimal formatting or parsing (Lua's tostring would keep only 14 digits, and Redis
@@ -156,7 +158,7 @@ if op == 1 then
     -- has one: a missing bucket is full, and a cost never exceeds the capacity.
     local left = 0
     if avail > 0 then left = avail - avail % 1 end
-    return struct.pack('<dddd', 0, wait, left, ready_at(t, ts, capacity) - ts2) .. stored
+    return struct.pack('<ddddd', 0, wait, left, ready_at(t, ts, capacity) - ts2, ts2) .. stored
   end
   t2 = avail - x - over
 elseif op == 2 then
@@ -167,8 +169,26 @@ elseif op == 2 then
   if not (avail >= 1) then next_in = ready_at(t, ts, 1) - ts2 end
   local reset = ready_at(t, ts, capacity) - ts2
   if not (reset > 0) then reset = 0 end
-  return struct.pack('<dddd', avail >= 1 and 1 or 0, next_in, left, reset)
+  return struct.pack('<ddddd', avail >= 1 and 1 or 0, next_in, left, reset, ts2)
 elseif op == 3 then
+  -- max_wait is the reservation's slot. One still ahead goes back only while it is the last
+  -- queued (what the bucket holds then is at least 0 and below the cost), one already due only
+  -- while the bucket is in no debt; otherwise nothing is written (bucket.rs's refund).
+  if max_wait > MAX_TIME then max_wait = MAX_TIME end
+  local applies
+  if max_wait > ts2 then
+    local held = t + (max_wait - ts) * tokens / interval
+    applies = held >= 0 and held < x
+  else
+    applies = avail >= 0
+  end
+  if not applies then
+    local left = 0
+    if avail > 0 then left = avail - avail % 1 end
+    local reset = ready_at(t, ts, capacity) - ts2
+    if not (reset > 0) then reset = 0 end
+    return struct.pack('<ddddd', 0, 0, left, reset, ts2)
+  end
   -- t2 = min(capacity, avail + x)
   t2 = avail + x
   if not (t2 < capacity) then t2 = capacity end
@@ -197,4 +217,4 @@ else
 end
 local left = 0
 if t2 > 0 then left = t2 - t2 % 1 end
-return struct.pack('<dddd', 1, wait, left, full - ts2)
+return struct.pack('<ddddd', 1, wait, left, full - ts2, ts2)

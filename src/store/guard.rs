@@ -2,14 +2,14 @@
 
 use std::mem;
 
-use crate::{BucketKey, BucketStore, Limit};
+use crate::{BucketKey, BucketStore, Limit, Reservation};
 
 /// Tokens taken for a request that has not been sent (or passed to the inner service) yet.
 /// Dropped while armed (the caller went away while the request waited), it gives them back on a
 /// spawned tokio task, so an abandoned reservation is not lost to the bucket.
 pub(crate) struct RefundGuard<St: BucketStore + Clone> {
     store: St,
-    taken: Vec<(BucketKey, Limit, u32)>,
+    taken: Vec<(BucketKey, Limit, Reservation)>,
 }
 
 impl<St: BucketStore + Clone> RefundGuard<St> {
@@ -20,15 +20,15 @@ impl<St: BucketStore + Clone> RefundGuard<St> {
         }
     }
 
-    /// Records `cost` tokens taken from `key`'s bucket.
-    pub(crate) fn push(&mut self, key: BucketKey, limit: Limit, cost: u32) {
-        self.taken.push((key, limit, cost));
+    /// Records the tokens of `reservation`, taken from `key`'s bucket.
+    pub(crate) fn push(&mut self, key: BucketKey, limit: Limit, reservation: Reservation) {
+        self.taken.push((key, limit, reservation));
     }
 
     /// Gives back everything taken so far, now.
     pub(crate) async fn refund_all(&mut self) {
-        for (key, limit, cost) in self.taken.drain(..) {
-            if let Err(e) = self.store.refund(&key, limit, cost).await {
+        for (key, limit, reservation) in self.taken.drain(..) {
+            if let Err(e) = self.store.refund(&key, limit, reservation).await {
                 tracing::warn!(bucket = key.bucket(), error = %e, "refund failed");
             }
         }

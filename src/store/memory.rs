@@ -14,7 +14,7 @@ use spinning_top::guard::SpinlockGuard;
 
 use crate::bucket::{self, State, Write};
 use crate::clock::{Clock, SystemClock, deadline_ms, whole_ms};
-use crate::store::{BucketStore, Decision, Quota, StoreError, check_cost};
+use crate::store::{BucketStore, Decision, Quota, Reservation, StoreError, check_cost};
 use crate::{BucketKey, Limit};
 
 /// Shards per thread the machine can run. A shard's lock is taken only for keys new to it, for
@@ -702,18 +702,18 @@ impl<C: Clock> BucketStore for MemoryStore<C> {
         cost: u32,
         max_wait: Duration,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
-        let result = check_cost(&limit, cost).and_then(|cost| {
+        let result = check_cost(&limit, cost).and_then(|cost_f| {
             let max_wait = whole_ms(max_wait);
             let p = limit.params();
             let outcome = self.with_bucket(key, |state, now| match state {
                 Some(s) if !bucket::sound(&p, s) => (None, None),
                 _ => {
-                    let (outcome, write) = bucket::evaluate(&p, state, now, cost, max_wait);
+                    let (outcome, write) = bucket::evaluate(&p, state, now, cost_f, max_wait);
                     (Some(outcome), write)
                 }
             });
             outcome
-                .map(|outcome| Decision::new(outcome, limit))
+                .map(|outcome| Decision::new(outcome, limit, cost))
                 .ok_or_else(|| corrupt(key))
         });
         ready(result)
@@ -740,13 +740,14 @@ impl<C: Clock> BucketStore for MemoryStore<C> {
         &self,
         key: &BucketKey,
         limit: Limit,
-        cost: u32,
+        reservation: Reservation,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let result = check_cost(&limit, cost).and_then(|cost| {
+        let result = check_cost(&limit, reservation.cost()).and_then(|cost| {
             let p = limit.params();
+            let ready = reservation.ready_at_ms();
             self.with_bucket(key, |state, now| match state {
                 Some(s) if !bucket::sound(&p, s) => (Err(corrupt(key)), None),
-                _ => (Ok(()), Some(bucket::refund(&p, state, now, cost))),
+                _ => (Ok(()), bucket::refund(&p, state, now, cost, ready).1),
             })
         });
         ready(result)
@@ -944,7 +945,12 @@ mod tests {
                                 max_wait_ms,
                             );
                             model.update(key, w);
-                            prop_assert_eq!(got.ok(), Some(Decision::new(o, limit)), "{:?}", op);
+                            prop_assert_eq!(
+                                got.ok(),
+                                Some(Decision::new(o, limit, cost)),
+                                "{:?}",
+                                op
+                            );
                         }
                         Err(e) => {
                             let got = got.err().map(|g| g.to_string());
@@ -960,12 +966,16 @@ mod tests {
                 }
                 Op::Refund { key, cost } => {
                     let (key, limit) = (&keys[key], limits[key % limits.len()]);
-                    let got = now_or_never(store.refund(key, limit, cost));
+                    // Named by a slot that is due: it goes back while the bucket is in no debt.
+                    let reservation =
+                        Reservation::new(cost, std::time::UNIX_EPOCH + Duration::from_millis(now));
+                    let got = now_or_never(store.refund(key, limit, reservation));
                     match check_cost(&limit, cost) {
                         Ok(c) => {
                             prop_assert!(got.is_ok(), "{:?}", op);
-                            let w = bucket::refund(&limit.params(), model.state(key), now, c);
-                            model.update(key, Some(w));
+                            let (_, w) =
+                                bucket::refund(&limit.params(), model.state(key), now, c, now);
+                            model.update(key, w);
                         }
                         Err(e) => {
                             let got = got.err().map(|g| g.to_string());

@@ -61,7 +61,8 @@ pub trait BucketStore: Send + Sync + 'static {
     /// - Not enough, but they refill within `max_wait`: the tokens are taken now (the bucket goes
     ///   into debt) and the caller is admitted after [`Decision::wait`]. Later callers queue
     ///   behind it, so waiting callers are served in arrival order, each with one call and no
-    ///   retries. A caller that gives up must [`refund`](Self::refund) the cost.
+    ///   retries. A caller that gives up [`refund`](Self::refund)s its
+    ///   [`Decision::reservation`].
     /// - Otherwise: denied, nothing is taken, and [`Decision::retry_after`] says when the cost
     ///   could be served.
     ///
@@ -82,13 +83,25 @@ pub trait BucketStore: Send + Sync + 'static {
         limit: Limit,
     ) -> impl Future<Output = Result<Quota, StoreError>> + Send;
 
-    /// Gives `cost` tokens back, for a reservation the caller abandoned. The bucket never goes
-    /// above its capacity.
+    /// Gives back the tokens of an admission whose request never went out, named by its
+    /// [`Reservation`] (from [`Decision::reservation`]). The bucket never goes above its
+    /// capacity, and no other reservation ever loses its slot to a refund:
+    ///
+    /// - A reservation still waiting for its slot gives its tokens back only while it is the
+    ///   last one queued. Refunding one from the middle of the queue would free the slot at the
+    ///   tail, where the next caller would be booked onto the same millisecond as the caller
+    ///   already waiting there.
+    /// - An admission whose slot has come gives its tokens back only while the bucket is in no
+    ///   debt (no reservation is queued behind it).
+    ///
+    /// Otherwise the tokens stay spent: budget lost, the safe direction. A refund made twice
+    /// (a retry) gives a reservation's tokens back once; for an admission with no wait, a second
+    /// refund can give them back again, never above capacity.
     fn refund(
         &self,
         key: &BucketKey,
         limit: Limit,
-        cost: u32,
+        reservation: Reservation,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Empties the bucket until `until`: no tokens before it, refill from it. Used when the
@@ -98,8 +111,10 @@ pub trait BucketStore: Send + Sync + 'static {
     /// - The bucket is empty *at* `until`, so the first token arrives one token period
     ///   (`interval / tokens`) after it. To let one request go at exactly `T`, drain until `T`
     ///   minus one token period.
-    /// - Debt from reservations already made is kept, and refills from `until` on.
-    /// - A deadline already past still empties the bucket now.
+    /// - Reservations already queued keep their places; a drain that ends before the last of them
+    ///   changes nothing, so a drain repeated (a retry) is the drain once.
+    /// - A deadline already past still empties the bucket now; one more than 2^44 ms (about 557
+    ///   years) ahead is taken as that.
     fn drain_until(
         &self,
         key: &BucketKey,
@@ -118,10 +133,16 @@ pub struct Decision {
     remaining: u32,
     resets_in_ms: u64,
     limit: Limit,
+    /// What a refund of this admission names.
+    reservation: Reservation,
 }
 
 impl Decision {
-    pub(crate) fn new(outcome: Outcome, limit: Limit) -> Self {
+    pub(crate) fn new(outcome: Outcome, limit: Limit, cost: u32) -> Self {
+        Self::from(outcome, limit, cost, Source::Store)
+    }
+
+    pub(crate) fn from(outcome: Outcome, limit: Limit, cost: u32, source: Source) -> Self {
         Self {
             admitted: outcome.allowed,
             wait_ms: outcome.wait,
@@ -129,7 +150,18 @@ impl Decision {
             remaining: u32::try_from(outcome.remaining).unwrap_or(u32::MAX),
             resets_in_ms: outcome.reset,
             limit,
+            reservation: Reservation {
+                cost,
+                ready_at_ms: outcome.at.saturating_add(outcome.wait),
+                source,
+            },
         }
+    }
+
+    /// For an admitted request, what names its tokens to [`BucketStore::refund`] if the request
+    /// is abandoned before it goes out. `None` when denied.
+    pub fn reservation(&self) -> Option<Reservation> {
+        self.admitted.then_some(self.reservation)
     }
 
     /// Whether the request may go: now when [`wait`](Self::wait) is zero, otherwise after it.
@@ -163,6 +195,68 @@ impl Decision {
     /// The limit the decision was made under.
     pub fn limit(&self) -> Limit {
         self.limit
+    }
+}
+
+/// The tokens one admission took, and the slot they were taken for: what
+/// [`BucketStore::refund`] gives back.
+///
+/// Plain data: [`cost`](Self::cost) and [`ready_at`](Self::ready_at) rebuild it with
+/// [`Reservation::new`], so a reservation can be kept outside the process and refunded later.
+/// `ready_at` is on the timeline of the store's stored times, which for a caller whose clock is
+/// behind another writer's is that writer's clock, not the caller's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reservation {
+    cost: u32,
+    ready_at_ms: u64,
+    source: Source,
+}
+
+/// Which bucket gave an admission's tokens, so that a refund goes back to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Source {
+    /// The store's own buckets.
+    Store,
+    /// The local buckets of [`OutagePolicy::Local`](crate::OutagePolicy::Local).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    Local,
+    /// No bucket: admitted by [`OutagePolicy::FailOpen`](crate::OutagePolicy::FailOpen).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    Nothing,
+}
+
+impl Reservation {
+    /// A reservation of `cost` tokens for the slot at `ready_at`, of the store's own buckets.
+    pub fn new(cost: u32, ready_at: SystemTime) -> Self {
+        Self {
+            cost,
+            // The arithmetic takes no later time.
+            ready_at_ms: crate::clock::deadline_ms(ready_at).min(crate::bucket::MAX_TIME),
+            source: Source::Store,
+        }
+    }
+
+    /// The tokens taken.
+    pub fn cost(&self) -> u32 {
+        self.cost
+    }
+
+    /// The slot the tokens were taken for: when the request may go.
+    pub fn ready_at(&self) -> SystemTime {
+        // At most 2^53 + 2^44 ms, within any SystemTime this crate builds for.
+        let since = Duration::from_millis(self.ready_at_ms);
+        std::time::UNIX_EPOCH
+            .checked_add(since)
+            .unwrap_or(std::time::UNIX_EPOCH)
+    }
+
+    pub(crate) fn ready_at_ms(&self) -> u64 {
+        self.ready_at_ms
+    }
+
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn source(&self) -> Source {
+        self.source
     }
 }
 
@@ -370,7 +464,7 @@ pub trait DynBucketStore: Send + Sync + 'static {
         &'a self,
         key: &'a BucketKey,
         limit: Limit,
-        cost: u32,
+        reservation: Reservation,
     ) -> BoxFuture<'a, Result<(), StoreError>>;
 
     /// [`BucketStore::drain_until`], boxed.
@@ -405,9 +499,9 @@ impl<S: BucketStore> DynBucketStore for S {
         &'a self,
         key: &'a BucketKey,
         limit: Limit,
-        cost: u32,
+        reservation: Reservation,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(self.refund(key, limit, cost))
+        Box::pin(self.refund(key, limit, reservation))
     }
 
     fn drain_until_boxed<'a>(
@@ -435,8 +529,13 @@ impl BucketStore for Arc<dyn DynBucketStore> {
         (**self).peek_boxed(key, limit).await
     }
 
-    async fn refund(&self, key: &BucketKey, limit: Limit, cost: u32) -> Result<(), StoreError> {
-        (**self).refund_boxed(key, limit, cost).await
+    async fn refund(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+        reservation: Reservation,
+    ) -> Result<(), StoreError> {
+        (**self).refund_boxed(key, limit, reservation).await
     }
 
     async fn drain_until(

@@ -11,7 +11,8 @@ use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 use crate::bucket::{self, Outcome, Params, State};
 use crate::clock::{Clock, SystemClock, deadline_ms, whole_ms};
 use crate::store::{
-    BackendError, BucketStore, Decision, MemoryStore, Quota, StoreError, check_cost,
+    BackendError, BucketStore, Decision, MemoryStore, Quota, Reservation, Source, StoreError,
+    check_cost,
 };
 use crate::{BucketKey, InvalidKey, Limit};
 
@@ -638,7 +639,7 @@ struct Reply {
 
 /// The script's reply to a call made with `args` at `now`. After an acquire admitted with no
 /// wait, the 24-byte value the script stored, from which the outcome follows by the same
-/// arithmetic. Otherwise `allowed, wait, remaining, reset` as four little-endian `f64`s holding
+/// arithmetic. Otherwise `allowed, wait, remaining, reset, at` as five little-endian `f64`s holding
 /// whole numbers, and after a denial the 24-byte stored value.
 fn parse_reply(value: &Value, args: &Args, now: u64) -> Result<Reply, StoreError> {
     let bad = || {
@@ -669,14 +670,14 @@ fn parse_reply(value: &Value, args: &Args, now: u64) -> Result<Reply, StoreError
             state: Some(state),
         });
     }
-    let (numbers, rest) = bytes.split_first_chunk::<32>().ok_or_else(bad)?;
-    let mut whole = [0u64; 4];
+    let (numbers, rest) = bytes.split_first_chunk::<40>().ok_or_else(bad)?;
+    let mut whole = [0u64; 5];
     for (w, chunk) in whole.iter_mut().zip(numbers.chunks_exact(8)) {
         let mut b = [0; 8];
         b.copy_from_slice(chunk);
         *w = to_whole(f64::from_le_bytes(b)).ok_or_else(bad)?;
     }
-    let [allowed, wait, remaining, reset] = whole;
+    let [allowed, wait, remaining, reset, at] = whole;
     if allowed > 1 {
         return Err(bad());
     }
@@ -694,6 +695,7 @@ fn parse_reply(value: &Value, args: &Args, now: u64) -> Result<Reply, StoreError
             wait,
             remaining,
             reset,
+            at,
         },
         state,
     })
@@ -779,14 +781,25 @@ where
                     wait: 0,
                     remaining: 0,
                     reset: 0,
+                    at: self.clock.now_ms(),
                 };
-                Ok(Decision::new(outcome, limit))
+                // No bucket gave these tokens, so a refund of them gives nothing back.
+                Ok(Decision::from(outcome, limit, cost, Source::Nothing))
             }
             OutagePolicy::Local { .. } => match self.local_limit(limit) {
                 Some(local) if cost <= local.burst() => {
                     let d = self.local.acquire(key, local, cost, max_wait).await?;
-                    // Reported under the limit the caller gave, for headers and the like.
-                    Ok(Decision { limit, ..d })
+                    // Reported under the limit the caller gave, for headers and the like, and
+                    // refunded to the local bucket that gave the tokens.
+                    let reservation = Reservation {
+                        source: Source::Local,
+                        ..d.reservation
+                    };
+                    Ok(Decision {
+                        limit,
+                        reservation,
+                        ..d
+                    })
                 }
                 _ => Err(error),
             },
@@ -814,7 +827,7 @@ where
             match cache.check(key, limit, now, cost_f, max_wait_ms) {
                 Check::Deny(outcome) => {
                     tokio::task::coop::consume_budget().await;
-                    return Ok(Decision::new(outcome, limit));
+                    return Ok(Decision::new(outcome, limit, cost));
                 }
                 Check::Pass(charged) => predicted = charged,
             }
@@ -840,7 +853,7 @@ where
                         _ => {}
                     }
                 }
-                Ok(Decision::new(reply.outcome, limit))
+                Ok(Decision::new(reply.outcome, limit, cost))
             }
             Err(failure) => {
                 // The cache may hold this call's cost taken; Redis may not have taken it.
@@ -880,8 +893,27 @@ where
         }
     }
 
-    async fn refund(&self, key: &BucketKey, limit: Limit, cost: u32) -> Result<(), StoreError> {
+    async fn refund(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+        reservation: Reservation,
+    ) -> Result<(), StoreError> {
+        let cost = reservation.cost();
         check_cost(&limit, cost)?;
+        // Back to the bucket that gave the tokens, whichever answers now.
+        match reservation.source() {
+            Source::Nothing => return Ok(()),
+            Source::Local => {
+                return match self.local_limit(limit) {
+                    Some(local) if cost <= local.burst() => {
+                        self.local.refund(key, local, reservation).await
+                    }
+                    _ => Ok(()),
+                };
+            }
+            Source::Store => {}
+        }
         if let Some(cache) = &self.deny {
             cache.forget(key);
         }
@@ -889,15 +921,12 @@ where
             op: Op::Refund,
             limit,
             x: u64::from(cost),
-            max_wait: 0,
+            max_wait: reservation.ready_at_ms(),
         };
         match self.run(key, self.clock.now_ms(), args).await {
             Ok(_) => Ok(()),
-            Err(Failure::Fatal(e)) => Err(e),
-            Err(Failure::Outage(e)) => match self.local_limit(limit) {
-                Some(local) if cost <= local.burst() => self.local.refund(key, local, cost).await,
-                _ => Err(e),
-            },
+            // Redis gave the tokens; a local bucket did not, and gets nothing.
+            Err(Failure::Fatal(e) | Failure::Outage(e)) => Err(e),
         }
     }
 
@@ -967,7 +996,7 @@ mod differential;
 mod reply_tests {
     use super::*;
 
-    fn packed(numbers: [f64; 4], tail: &[u8]) -> Value {
+    fn packed(numbers: [f64; 5], tail: &[u8]) -> Value {
         let mut bytes: Vec<u8> = numbers.iter().flat_map(|v| v.to_le_bytes()).collect();
         bytes.extend_from_slice(tail);
         Value::BulkString(bytes)
@@ -1004,6 +1033,7 @@ mod reply_tests {
             wait: 0,
             remaining: 9,
             reset: 50,
+            at: NOW,
         };
         assert_eq!(
             admit,
@@ -1048,7 +1078,7 @@ mod reply_tests {
             let Value::BulkString(carried) = state(t, ts) else {
                 unreachable!("state() makes a bulk string")
             };
-            let denial = packed([0.0, 100.0, 0.0, 100.0], &carried);
+            let denial = packed([0.0, 100.0, 0.0, 100.0, NOW as f64], &carried);
             assert!(refused(&denial, &acquire()), "{t} {ts}");
         }
         // Only an acquire answers with the state alone.
@@ -1061,8 +1091,12 @@ mod reply_tests {
 
     #[test]
     fn an_admission_and_a_denial_with_its_state_parse() {
-        let admit =
-            parse_reply(&packed([1.0, 0.0, 9.0, 1500.0], b""), &acquire(), NOW).expect("parses");
+        let admit = parse_reply(
+            &packed([1.0, 0.0, 9.0, 1500.0, NOW as f64], b""),
+            &acquire(),
+            NOW,
+        )
+        .expect("parses");
         assert_eq!(
             admit,
             Reply {
@@ -1070,7 +1104,8 @@ mod reply_tests {
                     allowed: true,
                     wait: 0,
                     remaining: 9,
-                    reset: 1500
+                    reset: 1500,
+                    at: NOW
                 },
                 state: None
             }
@@ -1079,7 +1114,10 @@ mod reply_tests {
         state.extend_from_slice(&1_700_000_000_123f64.to_le_bytes());
         state.extend_from_slice(&1_700_003_600_123f64.to_le_bytes());
         let deny = parse_reply(
-            &packed([0.0, 250.0, 0.0, 9_007_199_254_740_991.0], &state),
+            &packed(
+                [0.0, 250.0, 0.0, 9_007_199_254_740_991.0, NOW as f64],
+                &state,
+            ),
             &acquire(),
             NOW,
         )
@@ -1114,6 +1152,7 @@ mod reply_tests {
                     wait: 75,
                     remaining: 0,
                     reset: 975,
+                    at: NOW
                 },
                 state: Some(State {
                     t: 0.25,
@@ -1207,12 +1246,15 @@ mod reply_tests {
             Value::BulkString(vec![0; 48]),
             Value::BulkString(vec![0; 55]),
             Value::BulkString(vec![0; 57]),
-            packed([2.0, 0.0, 0.0, 0.0], b""),
-            packed([1.0, -1.0, 0.0, 0.0], b""),
-            packed([1.0, 0.5, 0.0, 0.0], b""),
-            packed([1.0, 0.0, f64::NAN, 0.0], b""),
-            packed([1.0, 0.0, 0.0, f64::INFINITY], b""),
-            packed([1.0, 0.0, 0.0, 9_223_372_036_854_775_808.0], b""),
+            packed([2.0, 0.0, 0.0, 0.0, NOW as f64], b""),
+            packed([1.0, -1.0, 0.0, 0.0, NOW as f64], b""),
+            packed([1.0, 0.5, 0.0, 0.0, NOW as f64], b""),
+            packed([1.0, 0.0, f64::NAN, 0.0, NOW as f64], b""),
+            packed([1.0, 0.0, 0.0, f64::INFINITY, NOW as f64], b""),
+            packed(
+                [1.0, 0.0, 0.0, 9_223_372_036_854_775_808.0, NOW as f64],
+                b"",
+            ),
         ];
         for value in bad {
             assert!(refused(&value, &acquire()), "{value:?}");

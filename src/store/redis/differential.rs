@@ -101,6 +101,8 @@ async fn trace(
         .map_err(|e| e.to_string())?;
     let steps = 1 + rng.below(40);
     let mut log = format!("seed {seed}, limit {limit:?}\n");
+    // The slots and costs of the admissions so far, for refunds that name one.
+    let mut slots: Vec<(u64, u64)> = Vec::new();
     for step in 0..steps {
         // The reference's own answers steer the trace to the edges: exact waits, one before.
         let plain = |now: u64, cost: f64| bucket::evaluate(&p, stored.state, now, cost, 0).0.wait;
@@ -125,7 +127,20 @@ async fn trace(
         let (op, x, max_wait) = match rng.below(10) {
             0..=3 => (Op::Acquire, cost, 0),
             4 => (Op::Peek, 0, 0),
-            5 => (Op::Refund, cost, 0),
+            5 => {
+                // A refund names its reservation by its slot: the last one, an earlier one (now
+                // in the middle of the queue, or already due), or any time at all.
+                let (slot, cost) = match rng.below(4) {
+                    0 => slots.last().copied().unwrap_or((now, cost)),
+                    1 => slots
+                        .get(rng.below(slots.len() as u64) as usize)
+                        .copied()
+                        .unwrap_or((0, cost)),
+                    2 => (now.saturating_add(rng.below(3 * refill_ms + 1)), cost),
+                    _ => (rng.below(u64::MAX), cost),
+                };
+                (Op::Refund, cost, slot)
+            }
             6 => {
                 let until = match rng.below(3) {
                     0 => now.saturating_sub(rng.below(1000)),
@@ -157,7 +172,10 @@ async fn trace(
             x,
             max_wait,
         };
-        check_step(conn, lua, key, limit, &mut stored, step, &log).await?;
+        let outcome = check_step(conn, lua, key, limit, &mut stored, step, &log).await?;
+        if matches!(op, Op::Acquire) && outcome.allowed {
+            slots.push((outcome.at.saturating_add(outcome.wait), x));
+        }
     }
     Ok(())
 }
@@ -171,7 +189,7 @@ struct Stored {
 }
 
 /// One operation of a trace, at `now`: x is the cost for acquire and refund, the deadline for
-/// drain.
+/// drain; `max_wait` is the reservation's slot for a refund.
 #[derive(Clone, Copy)]
 struct Step {
     now: u64,
@@ -181,7 +199,7 @@ struct Step {
 }
 
 /// Runs one step through the reference, whose view of the key `stored` it updates, and through
-/// `lua` on `key`, and describes the first difference after `log`, the trace so far.
+/// `lua` on `key`: the outcome both gave, or the first difference after `log`, the trace so far.
 async fn check_step(
     conn: &mut MultiplexedConnection,
     lua: &redis::Script,
@@ -195,7 +213,7 @@ async fn check_step(
         max_wait,
     }: Step,
     log: &str,
-) -> Result<(), String> {
+) -> Result<bucket::Outcome, String> {
     let p = limit.params();
     let state = stored.state;
     // A stored time beyond the lead bound is moved back and stored at once by every operation
@@ -213,10 +231,7 @@ async fn check_step(
     let (expected, write) = match op {
         Op::Acquire => bucket::evaluate(&p, state, now, x as f64, max_wait),
         Op::Peek => (bucket::peek(&p, state, now), None),
-        Op::Refund => {
-            let w = bucket::refund(&p, state, now, x as f64);
-            (w.outcome(), Some(w))
-        }
+        Op::Refund => bucket::refund(&p, state, now, x as f64, max_wait),
         Op::Drain => {
             let w = bucket::drain_until(&p, state, now, x);
             (w.outcome(), Some(w))
@@ -227,8 +242,9 @@ async fn check_step(
     // computes it; when the stored keep already covers that, and by no more than one interval
     // beyond, it leaves the expiry alone. The TTL counts from the time of the write.
     let plain = matches!(op, Op::Acquire) && expected.allowed && expected.wait == 0;
-    // A denial writes only the moved stored time, modelled above.
-    let denial = matches!(op, Op::Acquire) && !expected.allowed;
+    // A denial, and a refund that gives nothing back, write only the moved stored time, modelled
+    // above.
+    let denial = matches!(op, Op::Acquire | Op::Refund) && !expected.allowed;
     if let Some(w) = write.filter(|_| !denial) {
         let need = if plain {
             let e = ((p.capacity - w.state.t) * p.interval / p.tokens).ceil();
@@ -328,7 +344,7 @@ async fn check_step(
         }
         _ => {}
     }
-    Ok(())
+    Ok(got)
 }
 
 /// Fixed traces at rounding corners of the refill time after a plain admission, which random
@@ -625,12 +641,12 @@ const MUTANTS: &[(&str, &str)] = &[
     ),
     ("t2 = avail - x - over", "t2 = avail - x"),
     (
-        "if avail > 0 then left = avail - avail % 1 end\n    return struct.pack('<dddd', 0,",
-        "if t > 0 then left = t - t % 1 end\n    return struct.pack('<dddd', 0,",
+        "if avail > 0 then left = avail - avail % 1 end\n    return struct.pack('<ddddd', 0, wait,",
+        "if t > 0 then left = t - t % 1 end\n    return struct.pack('<ddddd', 0, wait,",
     ),
     (
-        "return struct.pack('<dddd', 0, wait, left, ready_at(t, ts, capacity) - ts2) .. stored",
-        "return struct.pack('<dddd', 0, wait, left, ready_at(t, ts2, capacity) - ts2) .. stored",
+        "return struct.pack('<ddddd', 0, wait, left, ready_at(t, ts, capacity) - ts2, ts2) .. stored",
+        "return struct.pack('<ddddd', 0, wait, left, ready_at(t, ts2, capacity) - ts2, ts2) .. stored",
     ),
     // peek
     (
@@ -641,14 +657,15 @@ const MUTANTS: &[(&str, &str)] = &[
         "if not (avail >= 1) then next_in = ready_at(t, ts, 1) - ts2 end",
         "next_in = ready_at(t, ts, 1) - ts2",
     ),
-    ("if not (reset > 0) then reset = 0 end", ""),
+    ("\n  if not (reset > 0) then reset = 0 end", ""),
+    ("\n    if not (reset > 0) then reset = 0 end", ""),
     (
-        "return struct.pack('<dddd', avail >= 1 and 1 or 0, next_in, left, reset)",
-        "return struct.pack('<dddd', avail > 1 and 1 or 0, next_in, left, reset)",
+        "return struct.pack('<ddddd', avail >= 1 and 1 or 0, next_in, left, reset, ts2)",
+        "return struct.pack('<ddddd', avail > 1 and 1 or 0, next_in, left, reset, ts2)",
     ),
     (
-        "ready_at(t, ts, capacity) - ts2) .. stored",
-        "ready_at(t, ts, capacity) - ts2)",
+        "ready_at(t, ts, capacity) - ts2, ts2) .. stored",
+        "ready_at(t, ts, capacity) - ts2, ts2)",
     ),
     // refund and drain, and the write they share with an admission after a wait
     ("if not (t2 < capacity) then t2 = capacity end", ""),
@@ -682,8 +699,33 @@ const MUTANTS: &[(&str, &str)] = &[
         "if t2 > 0 then left = t2 - t2 % 1 + 1 end",
     ),
     (
-        "return struct.pack('<dddd', 1, wait, left, full - ts2)",
-        "return struct.pack('<dddd', 1, wait, left, full - now)",
+        "return struct.pack('<ddddd', 1, wait, left, full - ts2, ts2)",
+        "return struct.pack('<ddddd', 1, wait, left, full - now, ts2)",
+    ),
+    // the time the waits count from, which names a slot
+    (
+        "return struct.pack('<ddddd', 1, wait, left, full - ts2, ts2)",
+        "return struct.pack('<ddddd', 1, wait, left, full - ts2, now)",
+    ),
+    // a refund gives back only the last slot queued, or a slot due while in no debt
+    (
+        "    applies = held >= 0 and held < x",
+        "    applies = held >= 0",
+    ),
+    (
+        "    applies = held >= 0 and held < x",
+        "    applies = held < x",
+    ),
+    ("  if max_wait > ts2 then", "  if max_wait >= ts2 then"),
+    ("    applies = avail >= 0", "    applies = true"),
+    (
+        "    local held = t + (max_wait - ts) * tokens / interval",
+        "    local held = t + (max_wait - ts2) * tokens / interval",
+    ),
+    ("  if max_wait > MAX_TIME then max_wait = MAX_TIME end", ""),
+    (
+        "    return struct.pack('<ddddd', 0, 0, left, reset, ts2)",
+        "    return struct.pack('<ddddd', 1, 0, left, reset, ts2)",
     ),
     // waits from the later of now and the stored time
     ("  wait = ready - ts2", "  wait = ready - now"),
