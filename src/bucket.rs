@@ -70,9 +70,15 @@ pub(crate) struct Params {
 
 impl Params {
     /// How far a stored time may lead the caller's clock, in milliseconds.
-    #[cfg(test)]
+    #[cfg(any(test, feature = "redis"))]
     pub(crate) fn lead(&self) -> f64 {
         self.lead
+    }
+
+    /// The most debt a sound state carries, in tokens.
+    #[cfg(feature = "redis")]
+    pub(crate) fn most_debt(&self) -> f64 {
+        self.most_debt
     }
 
     pub(crate) fn new(tokens: f64, interval: f64, capacity: f64) -> Self {
@@ -82,8 +88,10 @@ impl Params {
             capacity,
             ms_per_token: interval / tokens,
             per_ms: tokens / interval,
-            lead: estimate_ceil(capacity * interval / tokens) + interval,
-            most_debt: 2.0 * MAX_WAIT as f64 * tokens / interval + capacity,
+            // Both by products with the quotients above, not divisions of their own: the script
+            // takes these two as they are, so no Lua expression has to match them.
+            lead: estimate_ceil(capacity * (interval / tokens)) + interval,
+            most_debt: 2.0 * MAX_WAIT as f64 * (tokens / interval) + capacity,
         }
     }
 }
@@ -370,10 +378,13 @@ pub(crate) fn peek(p: &Params, state: Option<State>, now: u64) -> Outcome {
 /// lose its slot by it: the outcome is allowed when the tokens went back.
 ///
 /// - A slot still ahead (`ready` after the later of now and the stored time) goes back only
-///   while it is the last one queued: the bucket then holds, at `ready`, at least nothing and
-///   less than `cost` (after the reservation it reached zero at most a millisecond's refill
-///   before its whole-millisecond slot). A later reservation leaves it in debt at `ready`; a
-///   refund already made leaves it at `cost` or more, so a refund repeated gives nothing.
+///   while it is the last one queued: the bucket then holds, at `ready`, about nothing (it
+///   reached zero at most a millisecond's refill before its whole-millisecond slot, give or take
+///   a rounding). A later reservation, of a token at least, leaves it a token in debt there; a
+///   refund already made leaves it `cost` up. So the test is "more than half a token in debt
+///   and less than `cost` less half a token": exact while a millisecond refills less than half a
+///   token. Under a faster limit a waiting reservation's refund is refused (its wait is a few
+///   milliseconds at most).
 /// - A slot already due goes back only while the bucket is in no debt: debt now means later
 ///   reservations, whose slots the tokens would move.
 ///
@@ -391,7 +402,7 @@ pub(crate) fn refund(
     let (s, avail, ts, clamped) = available(p, state, now);
     let applies = if ready > ts {
         let held = s.t + refill(p, ready - s.ts);
-        held >= 0.0 && held < cost
+        held > -0.5 && held < cost - 0.5
     } else {
         avail >= 0.0
     };

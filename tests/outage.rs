@@ -88,10 +88,18 @@ impl ConnectionLike for Switch {
                     std::io::ErrorKind::ConnectionRefused,
                 ))),
                 HANGING => std::future::pending().await,
-                SCRIPT_ERROR => Err(error(
-                    redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
-                    "Error running script: @user_script:84: ERR invalid expire time in 'set' command",
-                )),
+                // A real error from a script, as Redis words it.
+                SCRIPT_ERROR => match self.inner.as_mut() {
+                    Some(inner) => {
+                        let failing = redis::cmd("EVAL")
+                            .arg("redis.call('SET', KEYS[1], 'x', 'PX', '-5') return 1")
+                            .arg(1)
+                            .arg("bgtest-script-error")
+                            .clone();
+                        inner.req_packed_command(&failing).await
+                    }
+                    None => Err(error(redis::ErrorKind::Io, "no connection")),
+                },
                 TRY_AGAIN_ONCE => {
                     self.mode.store(UP, Ordering::SeqCst);
                     Err(error(
@@ -977,5 +985,39 @@ async fn a_script_error_on_one_key_opens_the_circuit_for_every_key() {
             .await
             .expect("decides")
             .is_admitted()
+    );
+}
+
+#[tokio::test]
+async fn a_cancelled_call_leaves_its_cost_charged_in_the_deny_cache() {
+    let clock = ManualClock::new(START);
+    let conn = Switch::new().await;
+    let s = store(conn.clone(), &clock);
+    let k = key("cancelled-charge");
+    let l = limit(10, 1);
+    assert!(
+        s.acquire(&k, l, 1, ZERO)
+            .await
+            .expect("decides")
+            .is_admitted()
+    );
+    assert!(
+        !s.acquire(&k, l, 1, ZERO)
+            .await
+            .expect("decides")
+            .is_admitted()
+    );
+    // A token later the cache lets one call through, taking its cost ahead of Redis; the call
+    // hangs and its caller gives up before Redis sees it.
+    clock.advance(Duration::from_millis(100));
+    conn.set(HANGING);
+    let call = tokio::time::timeout(Duration::from_millis(5), s.acquire(&k, l, 1, ZERO));
+    assert!(call.await.is_err(), "cancelled");
+    conn.set(UP);
+    // Redis still holds that token, and the next call gets it.
+    let d = s.acquire(&k, l, 1, ZERO).await.expect("decides");
+    assert!(
+        d.is_admitted(),
+        "denied by a charge Redis never took: {d:?}"
     );
 }

@@ -539,3 +539,25 @@ fn the_fill_shortcut_applies_to_an_idle_bucket_and_not_to_a_busy_one() {
     assert!(refills_to_full(&p, 10.0, 1.0));
     assert!(!refills_to_full(&p, 10.0, 0.0));
 }
+
+#[test]
+fn the_last_reservation_is_refunded_whatever_the_rounding() {
+    // 1 per minute, no burst: taken at START, then a reservation at every offset into the
+    // minute; its refund, made at once, always goes back, and only once.
+    let p = Params::new(1.0, 60_000.0, 1.0);
+    let (_, w) = evaluate(&p, None, START, 1.0, 0);
+    let empty = w.map(|w| w.state);
+    for offset in 1..60_000 {
+        let now = START + offset;
+        let (o, w) = evaluate(&p, empty, now, 1.0, 120_000);
+        assert!(o.allowed && o.wait > 0, "{offset}: {o:?}");
+        let slot = o.at + o.wait;
+        let (r, w) = refund(&p, w.map(|w| w.state), now, 1.0, slot);
+        assert!(
+            r.allowed,
+            "{offset}: the last reservation's refund was refused"
+        );
+        let (again, _) = refund(&p, w.map(|w| w.state), now, 1.0, slot);
+        assert!(!again.allowed, "{offset}: refunded twice");
+    }
+}

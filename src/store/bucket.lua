@@ -4,10 +4,12 @@
 -- KEYS[1]  the bucket: one 24-byte string, struct.pack('<ddd', t, ts, keep): t = tokens at ts,
 --          ts = milliseconds since the Unix epoch, keep = the time until which the key is kept
 --          (its expiry, on the callers' clock), each an IEEE 754 double, little-endian
--- ARGV[1]  56 bytes, struct.pack('<ddddddd', op, now, tokens, interval, capacity, x, max_wait):
---          op 1 acquire, 2 peek, 3 refund, 4 drain; interval and max_wait in milliseconds; x is
---          the cost for acquire and refund, the deadline for drain; max_wait is read by acquire,
---          and carries the reservation's slot (ms) for refund
+-- ARGV[1]  72 bytes, struct.pack('<ddddddddd', op, now, tokens, interval, capacity, x, max_wait,
+--          lead, most_debt): op 1 acquire, 2 peek, 3 refund, 4 drain; interval and max_wait in
+--          milliseconds; x is the cost for acquire and refund, the deadline for drain; max_wait
+--          is read by acquire, and carries the reservation's slot (ms) for refund; lead (how far
+--          a stored time may lead now, ms) and most_debt (tokens) are the limit's, as bucket.rs's
+--          Params derives them, passed so that no call works them out again
 -- Returns  one string, or an array of one. An acquire admitted with no wait returns the 24-byte
 --          value it stored: the caller works out remaining and reset from it with the same
 --          arithmetic, since wait is 0, which spares Redis the packing of four numbers on the
@@ -41,10 +43,10 @@
 local MAX_TIME = 9007199254740991
 local MAX_WAIT = 17592186044416
 local MAX_TOKENS = 4294967296
-local MAX_KEEP = 18014398509481984
 
 local key = KEYS[1]
-local op, now, tokens, interval, capacity, x, max_wait = struct.unpack('<ddddddd', ARGV[1])
+local op, now, tokens, interval, capacity, x, max_wait, lead, most_debt =
+  struct.unpack('<ddddddddd', ARGV[1])
 
 if now > MAX_TIME then now = MAX_TIME end
 
@@ -58,19 +60,18 @@ if stored then
   t, ts, keep = struct.unpack('<ddd', stored)
   -- Only a value a script could have written is decided on (bucket.rs's sound): finite, at most
   -- the largest burst, no more debt than reservations and drains leave, a whole time in range.
-  -- Any other, written by someone else, could make the walks below run on and hang Redis.
-  if not (t >= -(2 * MAX_WAIT * tokens / interval + capacity) and t <= MAX_TOKENS
-      and ts >= 0 and ts <= MAX_TIME and ts % 1 == 0 and keep >= 0 and keep <= MAX_KEEP) then
+  -- Any other, written by someone else, could make the walks below run on and hang Redis. keep
+  -- needs no check: a write trusts it only within an interval of what it needs, which no NaN,
+  -- negative or far value is, and otherwise sets it again.
+  if not (t >= -most_debt and t <= MAX_TOKENS
+      and ts >= 0 and ts <= MAX_TIME and ts % 1 == 0) then
     return redis.error_reply('BURSTGATE_CORRUPT burstgate: the value at the key is not one a bucket script writes')
   end
-  -- A stored time that leads now by more than the refill time (rounded up) plus one interval
-  -- is moved back to now: no write leads its writer's clock by that much, so this is a clock
-  -- that stepped back here, or a writer whose clock ran far ahead.
-  local lead = capacity * interval / tokens
-  local lead_whole = lead - lead % 1
-  if lead_whole < lead then lead = lead_whole + 1 else lead = lead_whole end
-  -- A sound ts is at most MAX_TIME, so a lead_max beyond it moves nothing.
-  local lead_max = now + (lead + interval)
+  -- A stored time that leads now by more than lead (the refill time, rounded up, plus one
+  -- interval) is moved back to now: no write leads its writer's clock by that much, so this is
+  -- a clock that stepped back here, or a writer whose clock ran far ahead. A sound ts is at most
+  -- MAX_TIME, so a lead_max beyond it moves nothing.
+  local lead_max = now + lead
   -- Stored at once by every operation but peek, even a denial, so that the refill runs from the
   -- moved time: a bound that moved with each caller's clock would never let it start. Kept until
   -- full by the first estimate, as a plain admission keeps it.
@@ -172,13 +173,14 @@ elseif op == 2 then
   return struct.pack('<ddddd', avail >= 1 and 1 or 0, next_in, left, reset, ts2)
 elseif op == 3 then
   -- max_wait is the reservation's slot. One still ahead goes back only while it is the last
-  -- queued (what the bucket holds then is at least 0 and below the cost), one already due only
-  -- while the bucket is in no debt; otherwise nothing is written (bucket.rs's refund).
+  -- queued (what the bucket holds then is about 0: within half a token of it, and half a token
+  -- short of the cost), one already due only while the bucket is in no debt; otherwise nothing
+  -- is written (bucket.rs's refund).
   if max_wait > MAX_TIME then max_wait = MAX_TIME end
   local applies
   if max_wait > ts2 then
     local held = t + (max_wait - ts) * tokens / interval
-    applies = held >= 0 and held < x
+    applies = held > -0.5 and held < x - 0.5
   else
     applies = avail >= 0
   end

@@ -769,8 +769,8 @@ impl<C: Clock> BucketStore for MemoryStore<C> {
 }
 
 /// A bucket whose state no decision could have left under the limit it is asked with: a limit
-/// changed so far (a rate divided by more than 2^28) that the debt of the old one is out of the
-/// new one's range.
+/// lowered so far that the debt left under the old one is more than any reservation or drain
+/// leaves under the new one.
 #[cold]
 fn corrupt(key: &BucketKey) -> StoreError {
     StoreError::CorruptBucket {

@@ -85,7 +85,7 @@ pub trait BucketStore: Send + Sync + 'static {
 
     /// Gives back the tokens of an admission whose request never went out, named by its
     /// [`Reservation`] (from [`Decision::reservation`]). The bucket never goes above its
-    /// capacity, and no other reservation ever loses its slot to a refund:
+    /// capacity, and a refund does not give away a slot another reservation holds:
     ///
     /// - A reservation still waiting for its slot gives its tokens back only while it is the
     ///   last one queued. Refunding one from the middle of the queue would free the slot at the
@@ -95,8 +95,14 @@ pub trait BucketStore: Send + Sync + 'static {
     ///   debt (no reservation is queued behind it).
     ///
     /// Otherwise the tokens stay spent: budget lost, the safe direction. A refund made twice
-    /// (a retry) gives a reservation's tokens back once; for an admission with no wait, a second
-    /// refund can give them back again, never above capacity.
+    /// in a row (a retry) gives a reservation's tokens back once; for an admission with no wait,
+    /// a second refund can give them back again, never above capacity.
+    ///
+    /// A reservation is named by its cost and slot, nothing more. A refund repeated after the
+    /// slot it freed was booked again, by a reservation of the same cost, frees that booking;
+    /// and under a limit that refills half a token or more per millisecond, a reservation still
+    /// waiting is never refunded (slots there are a millisecond apart at most, and its tokens stay
+    /// spent).
     fn refund(
         &self,
         key: &BucketKey,
@@ -343,7 +349,8 @@ pub enum StoreError {
     /// The backend was not asked: its circuit breaker is open after repeated failures, or every
     /// slot for calls in flight stayed taken for the whole timeout. Nothing was spent.
     Unavailable {
-        /// About how long until the breaker lets a call try the backend again.
+        /// About how long until the breaker lets a call try the backend again; when every slot
+        /// for calls in flight stayed taken, the store's timeout.
         retry_in: Duration,
     },
 }

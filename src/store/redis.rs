@@ -303,9 +303,14 @@ where
     /// At most `calls` calls to Redis in flight at once from this store and its clones (128 by
     /// default; at least 1). A call beyond waits for a slot within its
     /// [timeout](Self::with_timeout), and is answered [`StoreError::Unavailable`] without being
-    /// sent if none frees up in time, or if the circuit opened while it waited. So a stalled
-    /// Redis holds at most `calls` calls, whose tokens may be spent when it resumes; every other
-    /// caller's tokens are left alone.
+    /// sent if none frees up in time, with at least half its timeout left, or if the circuit
+    /// opened while it waited. So a stalled Redis holds the calls in flight when it stalled, and
+    /// the few that take their slots as they time out before the breaker opens (at most its
+    /// `failures` more), whose tokens may be spent when it resumes; every other caller's tokens
+    /// are left alone.
+    ///
+    /// [`connect`](RedisStore::connect)'s connection has redis-rs's own limit at 128: above
+    /// that, calls queue inside redis-rs and may time out there, counting toward the breaker.
     ///
     /// Size it to the concurrency at which the connection gives most of its throughput: one
     /// multiplexed connection is limited by Redis itself well before 128 calls in flight, and
@@ -345,7 +350,7 @@ where
 
     /// Runs the script for one bucket, through the circuit breaker and within the timeout.
     async fn run(&self, key: &BucketKey, now: u64, args: Args) -> Result<Reply, Failure> {
-        let ticket = match self.circuit.pass() {
+        let mut ticket = match self.circuit.pass() {
             Ok(ticket) => ticket,
             Err(retry_in) => {
                 // Answered without waiting on anything: spend tokio's budget, so that a loop of
@@ -354,6 +359,7 @@ where
                 return Err(Failure::Outage(StoreError::Unavailable { retry_in }));
             }
         };
+        ticket.stalls_after(self.timeout / 2);
         // A slot among the calls in flight. Taken before anything is sent, so that a caller who
         // gives up while waiting for one leaves nothing queued to run later.
         let mut timeout = self.timeout;
@@ -364,9 +370,16 @@ where
                 let slot = tokio::time::timeout(timeout, self.in_flight.acquire()).await;
                 timeout = timeout.saturating_sub(waited.elapsed());
                 match slot {
-                    // Calls ahead of this one failed meanwhile (a stalled Redis): what was
-                    // queued behind them is not sent into the same stall.
-                    Ok(Ok(slot)) if !timeout.is_zero() && !self.circuit.is_open() => slot,
+                    // Sent only with at least half its timeout left, so that a call Redis runs
+                    // is one its caller still waits for; and, but for the probe, only while the
+                    // circuit is closed: calls ahead of this one failed meanwhile (a stalled
+                    // Redis), and what was queued behind them is not sent into the same stall.
+                    Ok(Ok(slot))
+                        if timeout >= self.timeout / 2
+                            && (ticket.is_probe() || !self.circuit.is_open()) =>
+                    {
+                        slot
+                    }
                     _ => {
                         return Err(Failure::Outage(StoreError::Unavailable {
                             retry_in: self.timeout,
@@ -512,15 +525,15 @@ fn not_executed(e: &RedisError) -> bool {
         || e.code() == Some("BUSY")
 }
 
-/// An error Redis answered about the call itself, not about its own state: a script error (such
-/// as a `SET` the value at this key made fail) or an aborted transaction. Such an error concerns
-/// one key's data, so it must not count toward the circuit breaker, which would then refuse
-/// every key.
+/// An error the bucket script raised while it ran on one key (such as a `SET` the value at this
+/// key made fail): it concerns that key's data, so it must not count toward the circuit breaker,
+/// which would then refuse every key. Any other `ERR` (scripting disabled, a proxy that refuses
+/// the command) concerns every key and counts.
 fn about_the_call(e: &RedisError) -> bool {
-    matches!(
-        e.kind(),
-        ErrorKind::Server(ServerErrorKind::ResponseError | ServerErrorKind::ExecAbort)
-    )
+    e.kind() == ErrorKind::Server(ServerErrorKind::ResponseError)
+        // Redis names the script's own line in the error: "... script: <sha>, on
+        // @user_script:84." (7.0), "Error running script (...): @user_script:84: ..." (6.x).
+        && e.detail().is_some_and(|d| d.contains("@user_script"))
 }
 
 /// Cluster redirections that a cluster connection gave up following: the slot is moving.
@@ -603,26 +616,31 @@ enum Op {
     Drain = 4,
 }
 
-/// The script's one argument: seven little-endian `f64`s.
-const PACKED_ARGS: usize = 7 * 8;
+/// The script's one argument: nine little-endian `f64`s.
+const PACKED_ARGS: usize = 9 * 8;
 
 impl Args {
-    /// `ARGV[1]` as the script unpacks it: op, now, tokens, interval, capacity, x, max_wait.
-    /// Every value below 2^53 is exact; a larger one rounds to the nearest double, the one
-    /// Lua's own parsing of the decimal number would give, and the script clamps it.
+    /// `ARGV[1]` as the script unpacks it: op, now, tokens, interval, capacity, x, max_wait, and
+    /// the limit's lead bound and most debt, which the arithmetic derives from the limit and the
+    /// script takes as they are rather than work out on every call. Every whole value below 2^53
+    /// is exact; a larger one rounds to the nearest double, the one Lua's own parsing of the
+    /// decimal number would give, and the script clamps it.
     fn pack(&self, now: u64) -> [u8; PACKED_ARGS] {
+        let p = self.limit.params();
         let values = [
-            self.op as u64,
-            now,
-            u64::from(self.limit.tokens()),
-            self.limit.interval_ms(),
-            u64::from(self.limit.burst()),
-            self.x,
-            self.max_wait,
+            self.op as u64 as f64,
+            now as f64,
+            p.tokens,
+            p.interval,
+            p.capacity,
+            self.x as f64,
+            self.max_wait as f64,
+            p.lead(),
+            p.most_debt(),
         ];
         let mut packed = [0; PACKED_ARGS];
         for (chunk, v) in packed.chunks_exact_mut(8).zip(values) {
-            chunk.copy_from_slice(&(v as f64).to_le_bytes());
+            chunk.copy_from_slice(&v.to_le_bytes());
         }
         packed
     }
@@ -823,13 +841,19 @@ where
         let max_wait_ms = whole_ms(max_wait);
         let now = self.clock.now_ms();
         let mut predicted = None;
+        // Drops the entry if this call goes away before Redis answers: it took the cost ahead of
+        // Redis, which may never see the call.
+        let mut charged = None;
         if let Some(cache) = &self.deny {
             match cache.check(key, limit, now, cost_f, max_wait_ms) {
                 Check::Deny(outcome) => {
                     tokio::task::coop::consume_budget().await;
                     return Ok(Decision::new(outcome, limit, cost));
                 }
-                Check::Pass(charged) => predicted = charged,
+                Check::Pass(prediction) => {
+                    predicted = prediction;
+                    charged = prediction.map(|_| cache.forget_on_drop(key));
+                }
             }
         }
         let args = Args {
@@ -852,6 +876,9 @@ where
                         }
                         _ => {}
                     }
+                }
+                if let Some(charged) = charged {
+                    charged.disarm();
                 }
                 Ok(Decision::new(reply.outcome, limit, cost))
             }

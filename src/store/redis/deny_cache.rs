@@ -33,6 +33,27 @@ struct Entry {
     state: State,
 }
 
+/// Drops an entry that took a call's cost ahead of Redis, if the call goes away (its future is
+/// dropped) before Redis answered: Redis may never see the call, and the entry would deny what
+/// Redis admits.
+pub(super) struct ForgetOnDrop<'a> {
+    cache: &'a DenyCache,
+    key: &'a BucketKey,
+}
+
+impl ForgetOnDrop<'_> {
+    /// Redis answered, and the entry was brought in line with it.
+    pub(super) fn disarm(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for ForgetOnDrop<'_> {
+    fn drop(&mut self) {
+        self.cache.forget(self.key);
+    }
+}
+
 /// What [`DenyCache::check`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Check {
@@ -106,6 +127,11 @@ impl DenyCache {
         }
         found.remove();
         Check::Pass(None)
+    }
+
+    /// A guard that drops `key`'s entry when it is dropped, unless disarmed first.
+    pub(super) fn forget_on_drop<'a>(&'a self, key: &'a BucketKey) -> ForgetOnDrop<'a> {
+        ForgetOnDrop { cache: self, key }
     }
 
     /// Replaces the state of an entry, if there is one, with what Redis stored.

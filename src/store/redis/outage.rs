@@ -61,6 +61,10 @@ pub enum OutagePolicy {
 /// around the store call, a `select!`) counts as a failed probe, and a probe that never answers
 /// (a peer that stopped without closing the connection) is superseded by the next call once
 /// `open_for` has passed since it began: no caller, gone or stuck, can keep the circuit open.
+/// A call through the closed circuit whose caller gives up after waiting half the store's
+/// timeout or more (a timeout around the store shorter than its own) counts as a failure, so
+/// such timeouts cannot hide a stalled Redis from the breaker; one given up sooner counts for
+/// nothing.
 /// The breaker keeps time on tokio's monotonic clock, never on the store's
 /// [`Clock`](crate::Clock), so a wall clock that steps back does not hold the circuit open.
 ///
@@ -118,17 +122,25 @@ pub(super) struct Circuit {
     probe: AtomicU64,
 }
 
+/// The probe slot's value while a failed probe reopens the circuit: taken, and never superseded.
+const CLOSING: u64 = u64::MAX;
+
 /// Whether a call may go to Redis, and the obligation to report how it went.
 ///
 /// A ticket that is dropped unreported (its caller was dropped mid-call: a client that went
 /// away, a timeout around the store, a `select!`) reports itself: a dropped probe counts as a
-/// failed one, so the probe slot is never held by a call that no longer exists; a dropped call
-/// through the closed circuit says nothing about Redis and counts for nothing.
+/// failed one, so the probe slot is never held by a call that no longer exists. A dropped call
+/// through the closed circuit counts as a failure once it had waited as long as
+/// [`stalls_after`](Self::stalls_after) says (a timeout around the store shorter than the
+/// store's own must not hide a stalled Redis from the breaker), and for nothing before: a
+/// client that goes away says nothing about Redis.
 #[derive(Debug)]
 pub(super) struct Ticket<'a> {
     circuit: &'a Circuit,
     /// `Some(started)` when this call is the probe.
     probe: Option<u64>,
+    /// Since when, and after how long a wait a drop counts as a failure.
+    stall: Option<(tokio::time::Instant, Duration)>,
     reported: bool,
 }
 
@@ -199,19 +211,24 @@ impl Circuit {
         Ticket {
             circuit: self,
             probe,
+            stall: None,
             reported: false,
         }
     }
 
     fn succeeded(&self, probe: Option<u64>) {
         self.failures.store(0, Ordering::Release);
-        if let Some(started) = probe {
+        // Closed first, then the probe slot freed: a call that finds the slot free must find the
+        // circuit closed, or it would probe a closed circuit.
+        if (probe.is_some() || self.is_open()) && self.open_until.swap(0, Ordering::AcqRel) != 0 {
+            tracing::info!(target: "burstgate::redis", "redis answered again: circuit closed");
+            // Whichever call closed it, a probe still on its way no longer speaks for the
+            // circuit: its failure must not reopen a closed one.
+            self.probe.store(0, Ordering::Release);
+        } else if let Some(started) = probe {
             let _ = self
                 .probe
                 .compare_exchange(started, 0, Ordering::AcqRel, Ordering::Acquire);
-        }
-        if (probe.is_some() || self.is_open()) && self.open_until.swap(0, Ordering::AcqRel) != 0 {
-            tracing::info!(target: "burstgate::redis", "redis answered again: circuit closed");
         }
     }
 
@@ -219,13 +236,16 @@ impl Circuit {
         let open_for = self.open_for_ms();
         let until = self.now().saturating_add(open_for);
         if let Some(started) = probe {
-            // A probe that a newer one superseded leaves the newer one's slot alone.
+            // A probe that a newer one superseded, or one that a success closed the circuit
+            // under, leaves the slot alone. The slot stays taken (`CLOSING`) until the circuit
+            // is open for another period, so no second probe goes out in between.
             if self
                 .probe
-                .compare_exchange(started, 0, Ordering::AcqRel, Ordering::Acquire)
+                .compare_exchange(started, CLOSING, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
             {
                 self.open_until.store(until, Ordering::Release);
+                self.probe.store(0, Ordering::Release);
                 tracing::warn!(
                     target: "burstgate::redis",
                     open_for_ms = open_for,
@@ -257,6 +277,16 @@ impl Circuit {
 }
 
 impl Ticket<'_> {
+    /// Counts a drop of this call after `wait` as a failure.
+    pub(super) fn stalls_after(&mut self, wait: Duration) {
+        self.stall = Some((tokio::time::Instant::now(), wait));
+    }
+
+    /// Whether this call is the probe of a half-open circuit.
+    pub(super) fn is_probe(&self) -> bool {
+        self.probe.is_some()
+    }
+
     /// Redis answered.
     pub(super) fn success(mut self) {
         self.reported = true;
@@ -272,10 +302,20 @@ impl Ticket<'_> {
 
 impl Drop for Ticket<'_> {
     fn drop(&mut self) {
-        if !self.reported && self.probe.is_some() {
+        if self.reported {
+            return;
+        }
+        if self.probe.is_some() {
             self.circuit.failed(
                 self.probe,
                 &"the probe's caller went away before redis answered",
+            );
+        } else if let Some((since, wait)) = self.stall
+            && since.elapsed() >= wait
+        {
+            self.circuit.failed(
+                None,
+                &"a caller gave up after waiting half the store's timeout for redis",
             );
         }
     }
@@ -368,10 +408,47 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_late_probe_failure_reopens_a_circuit_another_call_closed() {
+        let c = Circuit::new(Breaker::new(1, Duration::from_millis(500)));
+        let slow = c.pass().expect("closed");
+        c.pass().expect("closed").failure(&"down");
+        advance(500).await;
+        let probe = c.pass();
+        assert!(is_probe(&probe));
+        // The call from before the outage answers: Redis is back, the circuit closes.
+        slow.success();
+        assert!(!c.is_open());
+        // The probe's own failure (a timeout it had already run into) no longer speaks for it.
+        probe.expect("the probe").failure(&"down");
+        assert!(!c.is_open(), "one stale failure reopened a closed circuit");
+        // And the next outage needs its threshold again, with a probe slot that is free.
+        c.pass().expect("closed").failure(&"down");
+        advance(500).await;
+        assert!(is_probe(&c.pass()));
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_dropped_call_through_the_closed_circuit_counts_for_nothing() {
         let c = Circuit::new(Breaker::new(1, Duration::from_millis(500)));
         drop(c.pass());
+        let mut quick = c.pass().expect("closed");
+        quick.stalls_after(Duration::from_millis(125));
+        advance(124).await;
+        drop(quick);
         assert!(!c.is_open());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_outer_timeout_shorter_than_the_stores_hides_a_stall_from_the_breaker() {
+        let c = Circuit::new(Breaker::new(2, Duration::from_millis(500)));
+        for _ in 0..2 {
+            let mut call = c.pass().expect("closed");
+            call.stalls_after(Duration::from_millis(125));
+            advance(150).await;
+            // A tower timeout of 150 ms around a store whose own is 250 ms.
+            drop(call);
+        }
+        assert!(c.is_open(), "two callers gave up on a stalled Redis");
     }
 
     #[test]
