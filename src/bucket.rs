@@ -59,26 +59,26 @@ pub(crate) struct Params {
     ms_per_token: f64,
     /// `refill(1)`, exactly: `1 * tokens` is `tokens`, so this is the same division.
     per_ms: f64,
-    /// How far a stored time may lead the caller's clock: the time to refill an empty bucket,
-    /// rounded up, plus one interval. No write leads the writer's own clock, so a lead beyond
-    /// this is a clock that stepped back, or a writer whose clock runs far ahead.
-    lead: f64,
-    /// The most debt a sound state carries: reservations and drains each reach at most
-    /// [`MAX_WAIT`] ahead, and one cost on top.
-    most_debt: f64,
 }
 
+// The two bounds are worked out when asked for, from the quotients above with products only:
+// a decision asks for them only when the stored time is ahead of its clock or the bucket in
+// debt, and the script takes them as they are (packed into its argument), so no Lua expression
+// has to match them.
 impl Params {
-    /// How far a stored time may lead the caller's clock, in milliseconds.
-    #[cfg(any(test, feature = "redis"))]
+    /// How far a stored time may lead the caller's clock, in milliseconds: the time to refill an
+    /// empty bucket, rounded up, plus one interval. No write leads the writer's own clock, so a
+    /// lead beyond this is a clock that stepped back, or a writer whose clock runs far ahead.
+    #[inline]
     pub(crate) fn lead(&self) -> f64 {
-        self.lead
+        estimate_ceil(self.capacity * self.ms_per_token) + self.interval
     }
 
-    /// The most debt a sound state carries, in tokens.
-    #[cfg(feature = "redis")]
+    /// The most debt a sound state carries, in tokens: reservations and drains each reach at
+    /// most [`MAX_WAIT`] ahead, and one cost on top.
+    #[inline]
     pub(crate) fn most_debt(&self) -> f64 {
-        self.most_debt
+        2.0 * MAX_WAIT as f64 * self.per_ms + self.capacity
     }
 
     pub(crate) fn new(tokens: f64, interval: f64, capacity: f64) -> Self {
@@ -88,10 +88,6 @@ impl Params {
             capacity,
             ms_per_token: interval / tokens,
             per_ms: tokens / interval,
-            // Both by products with the quotients above, not divisions of their own: the script
-            // takes these two as they are, so no Lua expression has to match them.
-            lead: estimate_ceil(capacity * (interval / tokens)) + interval,
-            most_debt: 2.0 * MAX_WAIT as f64 * (tokens / interval) + capacity,
         }
     }
 }
@@ -192,6 +188,9 @@ fn refill(p: &Params, elapsed: f64) -> f64 {
 
 /// The earliest time at which a bucket stored as `(t, ts)` holds at least `target` tokens: `ts`
 /// plus the least whole `e >= 0` with `t + refill(e) >= target`.
+// Always inlined: every admission walks to its refill time, and as a call of its own (which the
+// compiler chooses once the walks carry their bound) it costs a fifth of a MemoryStore decision.
+#[inline(always)]
 fn ready_at(p: &Params, t: f64, ts: f64, target: f64) -> f64 {
     if t >= target {
         return ts;
@@ -244,7 +243,7 @@ fn refills_to_full(p: &Params, t: f64, elapsed: f64) -> bool {
 /// mirrors refuse any other before deciding (someone else wrote the key).
 pub(crate) fn sound(p: &Params, s: State) -> bool {
     // NaN fails every comparison.
-    s.t >= -p.most_debt
+    (s.t >= 0.0 || s.t >= -p.most_debt())
         && s.t <= MAX_TOKENS
         && s.ts >= 0.0
         && s.ts <= MAX_TIME as f64
@@ -264,9 +263,9 @@ fn available(p: &Params, state: Option<State>, now: f64) -> (State, f64, f64, bo
         t: p.capacity,
         ts: now,
     });
-    // A sound stored time is at most MAX_TIME, so a bound beyond it moves nothing.
-    let lead_max = now + p.lead;
-    let clamped = s.ts > lead_max;
+    // A sound stored time is at most MAX_TIME, so a bound beyond it moves nothing. Asked for
+    // only when the stored time is ahead at all, which is rare.
+    let clamped = s.ts > now && s.ts > now + p.lead();
     if clamped {
         s.ts = now;
     }

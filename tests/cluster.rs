@@ -187,8 +187,13 @@ async fn reshard_under_load(
     let began = Instant::now();
     let cluster = Arc::new(redis_cluster::start(""));
     let clock = ManualClock::new(START);
+    // A generous timeout: following redirections to a slot on the move can take a few hundred
+    // milliseconds on a loaded two-core machine, and these tests are about the redirections.
     let store = Arc::new(configure(
-        store(&cluster, clock.clone()).await.with_deny_cache(false),
+        store(&cluster, clock.clone())
+            .await
+            .with_deny_cache(false)
+            .with_timeout(Duration::from_secs(2)),
     ));
     let l = reshard_limit();
     let keys: Arc<Vec<BucketKey>> = Arc::new(

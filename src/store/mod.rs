@@ -158,7 +158,8 @@ impl Decision {
             limit,
             reservation: Reservation {
                 cost,
-                ready_at_ms: outcome.at.saturating_add(outcome.wait),
+                // Both below 2^54: no overflow.
+                ready_at_ms: outcome.at + outcome.wait,
                 source,
             },
         }

@@ -799,7 +799,7 @@ where
                     wait: 0,
                     remaining: 0,
                     reset: 0,
-                    at: self.clock.now_ms(),
+                    at: self.clock.now_ms().min(bucket::MAX_TIME),
                 };
                 // No bucket gave these tokens, so a refund of them gives nothing back.
                 Ok(Decision::from(outcome, limit, cost, Source::Nothing))
