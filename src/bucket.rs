@@ -381,9 +381,9 @@ pub(crate) fn peek(p: &Params, state: Option<State>, now: u64) -> Outcome {
 ///   reached zero at most a millisecond's refill before its whole-millisecond slot, give or take
 ///   a rounding). A later reservation, of a token at least, leaves it a token in debt there; a
 ///   refund already made leaves it `cost` up. So the test is "more than half a token in debt
-///   and less than `cost` less half a token": exact while a millisecond refills less than half a
-///   token. Under a faster limit a waiting reservation's refund is refused (its wait is a few
-///   milliseconds at most).
+///   and less than `cost` less half a token". That is exact while a millisecond refills at most
+///   a quarter of a token (the slot is up to two milliseconds' refill past the zero); under a
+///   faster limit a waiting reservation's refund is refused, and its tokens stay spent.
 /// - A slot already due goes back only while the bucket is in no debt: debt now means later
 ///   reservations, whose slots the tokens would move.
 ///
@@ -401,7 +401,7 @@ pub(crate) fn refund(
     let (s, avail, ts, clamped) = available(p, state, now);
     let applies = if ready > ts {
         let held = s.t + refill(p, ready - s.ts);
-        held > -0.5 && held < cost - 0.5
+        p.per_ms <= 0.25 && held > -0.5 && held < cost - 0.5
     } else {
         avail >= 0.0
     };

@@ -174,13 +174,14 @@ elseif op == 2 then
 elseif op == 3 then
   -- max_wait is the reservation's slot. One still ahead goes back only while it is the last
   -- queued (what the bucket holds then is about 0: within half a token of it, and half a token
-  -- short of the cost), one already due only while the bucket is in no debt; otherwise nothing
-  -- is written (bucket.rs's refund).
+  -- short of the cost), and only under a limit that refills at most a quarter token a
+  -- millisecond; one already due only while the bucket is in no debt; otherwise nothing is
+  -- written (bucket.rs's refund).
   if max_wait > MAX_TIME then max_wait = MAX_TIME end
   local applies
   if max_wait > ts2 then
     local held = t + (max_wait - ts) * tokens / interval
-    applies = held > -0.5 and held < x - 0.5
+    applies = tokens / interval <= 0.25 and held > -0.5 and held < x - 0.5
   else
     applies = avail >= 0
   end

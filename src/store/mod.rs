@@ -100,9 +100,9 @@ pub trait BucketStore: Send + Sync + 'static {
     ///
     /// A reservation is named by its cost and slot, nothing more. A refund repeated after the
     /// slot it freed was booked again, by a reservation of the same cost, frees that booking;
-    /// and under a limit that refills half a token or more per millisecond, a reservation still
-    /// waiting is never refunded (slots there are a millisecond apart at most, and its tokens stay
-    /// spent).
+    /// and under a limit that refills more than a quarter of a token per millisecond (one token
+    /// every 4 ms or faster), a reservation still waiting is never refunded: slots there are too
+    /// close together to tell one from the next, and its tokens stay spent.
     fn refund(
         &self,
         key: &BucketKey,

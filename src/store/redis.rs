@@ -18,10 +18,12 @@ use crate::{BucketKey, InvalidKey, Limit};
 
 mod deny_cache;
 mod outage;
+mod reconnect;
 
 use deny_cache::{Check, DenyCache};
 use outage::Circuit;
 pub use outage::{Breaker, OutagePolicy};
+use reconnect::Reconnect;
 
 /// The version of the stored format, part of every key: a change of the stored type moves to new
 /// keys instead of meeting old values. 1 was a hash `{t, ts}` with decimal fields; 2 one 16-byte
@@ -95,7 +97,12 @@ fn script() -> &'static redis::Script {
 ///
 /// [`RedisStore::connect`] opens a [`ConnectionManager`](redis::aio::ConnectionManager) set up
 /// for this store: it reconnects in the background after a failure, retrying at least every
-/// 200 ms, so decisions resume soon after Redis is back. Its pipeline buffer of 8 calls, and how
+/// 200 ms, so decisions resume soon after Redis is back. The store also replaces that connection
+/// with a new one to the same URL when Redis answers `READONLY` (a failover demoted the node,
+/// and the connection would stay on it) and after 3 calls in a row time out (a peer that stopped
+/// answering without closing the connection), so that behind an address that moves to the new
+/// primary (a virtual IP, a DNS name) calls reach it. A connection handed to
+/// [`new`](RedisStore::new) is used as it is. Its pipeline buffer of 8 calls, and how
 /// to size your own, are in [`connect`](Self::connect)'s documentation.
 ///
 /// # When Redis fails
@@ -148,6 +155,9 @@ fn script() -> &'static redis::Script {
 /// ```
 pub struct RedisStore<C, K = SystemClock> {
     conn: C,
+    /// For a store that opened its own connection ([`RedisStore::connect`]): the connection in
+    /// use, which replaces `conn` and is itself replaced after a failover or a dead peer.
+    reconnect: Option<Arc<Reconnect<C>>>,
     clock: Arc<K>,
     prefix: Arc<str>,
     timeout: Duration,
@@ -199,10 +209,24 @@ impl RedisStore<redis::aio::ConnectionManager, SystemClock> {
             .set_response_timeout(None)
             .set_pipeline_buffer_size(CONNECT_PIPELINE_BUFFER)
             .set_concurrency_limit(DEFAULT_MAX_IN_FLIGHT);
-        let conn = redis::aio::ConnectionManager::new_with_config(client, config)
+        let open = move || {
+            let (client, config) = (client.clone(), config.clone());
+            Box::pin(redis::aio::ConnectionManager::new_with_config(
+                client, config,
+            ))
+                as crate::store::BoxFuture<
+                    'static,
+                    Result<redis::aio::ConnectionManager, RedisError>,
+                >
+        };
+        let conn = open()
             .await
             .map_err(backend("could not connect to Redis"))?;
-        Ok(Self::new(conn))
+        let reconnect = Reconnect::new(conn.clone(), Box::new(open));
+        Ok(Self {
+            reconnect: Some(Arc::new(reconnect)),
+            ..Self::new(conn)
+        })
     }
 }
 
@@ -216,6 +240,7 @@ where
         let clock = Arc::new(SystemClock);
         Self {
             conn,
+            reconnect: None,
             local: MemoryStore::with_clock(Arc::clone(&clock)),
             clock,
             prefix: Arc::from(DEFAULT_PREFIX),
@@ -260,6 +285,7 @@ where
         let clock = Arc::new(clock);
         RedisStore {
             conn: self.conn,
+            reconnect: self.reconnect,
             local: MemoryStore::with_clock(Arc::clone(&clock)),
             clock,
             prefix: self.prefix,
@@ -393,7 +419,10 @@ where
             key,
         };
         let call = async {
-            let mut conn = self.conn.clone();
+            let mut conn = match &self.reconnect {
+                Some(reconnect) => reconnect.current(),
+                None => self.conn.clone(),
+            };
             match invoke(&mut conn, redis_key, now, &args).await {
                 Err(e) if not_executed(&e) => invoke(&mut conn, redis_key, now, &args).await,
                 done => done,
@@ -401,7 +430,19 @@ where
         };
         // Dropped here with the rest of this future if the caller goes away: a probe's ticket
         // then counts as a failure, and the circuit is never left waiting for it.
-        match tokio::time::timeout(timeout, call).await {
+        let result = tokio::time::timeout(timeout, call).await;
+        if let Some(reconnect) = &self.reconnect {
+            match &result {
+                // Retried once already: the node was demoted to a replica (a failover), and the
+                // connection stays on it unless replaced.
+                Ok(Err(e)) if e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly) => {
+                    reconnect.replace("redis answered READONLY: the node is a replica now");
+                }
+                Ok(_) => reconnect.answered(),
+                Err(_) => reconnect.timed_out(),
+            }
+        }
+        match result {
             Ok(Ok(value)) => {
                 ticket.success();
                 parse_reply(&value, &args, now).map_err(Failure::Fatal)
@@ -987,6 +1028,7 @@ impl<C: Clone, K> Clone for RedisStore<C, K> {
     fn clone(&self) -> Self {
         Self {
             conn: self.conn.clone(),
+            reconnect: self.reconnect.clone(),
             clock: Arc::clone(&self.clock),
             prefix: Arc::clone(&self.prefix),
             timeout: self.timeout,

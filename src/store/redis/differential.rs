@@ -710,14 +710,22 @@ const MUTANTS: &[(&str, &str)] = &[
     ),
     // a refund gives back only the last slot queued, or a slot due while in no debt
     (
+        "    applies = tokens / interval <= 0.25 and held > -0.5 and held < x - 0.5",
         "    applies = held > -0.5 and held < x - 0.5",
-        "    applies = held > -0.5",
     ),
     (
-        "    applies = held > -0.5 and held < x - 0.5",
-        "    applies = held < x - 0.5",
+        "    applies = tokens / interval <= 0.25 and held > -0.5 and held < x - 0.5",
+        "    applies = tokens / interval <= 0.25 and held > -0.5",
+    ),
+    (
+        "    applies = tokens / interval <= 0.25 and held > -0.5 and held < x - 0.5",
+        "    applies = tokens / interval <= 0.25 and held < x - 0.5",
     ),
     ("  if max_wait > ts2 then", "  if max_wait >= ts2 then"),
+    (
+        "    applies = tokens / interval <= 0.25 and held > -0.5 and held < x - 0.5",
+        "    applies = tokens / interval <= 0.25 and held >= 0 and held < x - 0.5",
+    ),
     ("    applies = avail >= 0", "    applies = true"),
     (
         "    local held = t + (max_wait - ts) * tokens / interval",
