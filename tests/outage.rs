@@ -1021,3 +1021,96 @@ async fn a_cancelled_call_leaves_its_cost_charged_in_the_deny_cache() {
         "denied by a charge Redis never took: {d:?}"
     );
 }
+
+#[tokio::test]
+async fn the_local_policy_admits_twice_its_budget_under_a_flapping_redis() {
+    // Redis up for a second, down for a second, for a minute, on 10 per second with a burst of
+    // 10, one process: one budget is 10 + 60 × 10 = 610.
+    let clock = ManualClock::new(START);
+    let conn = Switch::new().await;
+    let processes = NonZeroU32::new(1).expect("non-zero");
+    let store = store(conn.clone(), &clock)
+        .on_outage(OutagePolicy::Local { processes })
+        .with_deny_cache(false);
+    let k = key("flapping");
+    let l = limit(10, 10);
+    let step = Duration::from_millis(10);
+    let mut admitted = 0u32;
+    for i in 0..6_000u32 {
+        conn.set(if (i / 100) % 2 == 0 { UP } else { REFUSING });
+        if let Ok(d) = store.acquire(&k, l, 1, ZERO).await {
+            admitted += u32::from(d.is_admitted());
+        }
+        clock.advance(step);
+        skip(step).await;
+    }
+    println!("local 1/1 under Redis up 1 s / down 1 s for 60 s: {admitted} admitted, budget 610");
+    assert!(
+        admitted <= 671,
+        "{admitted} admitted against a budget of 610"
+    );
+    assert!(
+        admitted >= 500,
+        "{admitted} admitted: the budget went unused"
+    );
+}
+
+#[tokio::test]
+async fn a_refund_goes_to_whichever_store_answers() {
+    // 1 per minute, no burst.
+    let l = Limit::per_minute(1).expect("a valid limit");
+    let clock = ManualClock::new(START);
+    let conn = Switch::new().await;
+    let processes = NonZeroU32::new(1).expect("non-zero");
+    let local = store(conn.clone(), &clock).on_outage(OutagePolicy::Local { processes });
+    let k = key("refund-source");
+    let d = local.acquire(&k, l, 1, ZERO).await.expect("Redis decides");
+    assert!(d.is_admitted());
+    // Redis goes away before the request is sent; the refund of Redis's token cannot reach it,
+    // and must not land in the local bucket, which never gave it.
+    conn.set(REFUSING);
+    let refund = local
+        .refund(&k, l, d.reservation().expect("admitted"))
+        .await;
+    assert!(refund.is_err(), "{refund:?}");
+    let mut admitted = 0;
+    for _ in 0..3 {
+        admitted += usize::from(
+            local
+                .acquire(&k, l, 1, ZERO)
+                .await
+                .expect("local")
+                .is_admitted(),
+        );
+    }
+    assert_eq!(
+        admitted, 0,
+        "the local bucket is empty while Redis was deciding"
+    );
+
+    // A fail-open admission took nothing, and its refund gives nothing to Redis.
+    let conn = Switch::new().await;
+    let open = store(conn.clone(), &clock).on_outage(OutagePolicy::FailOpen);
+    let k = key("refund-fail-open");
+    assert!(
+        open.acquire(&k, l, 1, ZERO)
+            .await
+            .expect("Redis decides")
+            .is_admitted()
+    );
+    conn.set(REFUSING);
+    let d = open.acquire(&k, l, 1, ZERO).await.expect("fail open");
+    assert!(d.is_admitted());
+    conn.set(UP);
+    open.refund(&k, l, d.reservation().expect("admitted"))
+        .await
+        .expect("nothing to give");
+    assert!(
+        !open
+            .acquire(&k, l, 1, ZERO)
+            .await
+            .expect("Redis decides")
+            .is_admitted(),
+        "Redis's bucket is still empty"
+    );
+}

@@ -2,9 +2,10 @@
 
 use std::fmt;
 use std::num::NonZeroU32;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
+use hashbrown::HashSet;
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 
@@ -169,6 +170,10 @@ pub struct RedisStore<C, K = SystemClock> {
     /// The buckets of [`OutagePolicy::Local`], made whatever the policy: they cost nothing
     /// until used.
     local: MemoryStore<Arc<K>>,
+    /// Keys this process admitted from its local buckets since Redis last decided on them: Redis
+    /// refilled their buckets meanwhile, uncharged, and is drained before it decides on them
+    /// again.
+    touched: Arc<Mutex<HashSet<Box<str>>>>,
 }
 
 /// The pipeline buffer of [`RedisStore::connect`]'s connection: two groups at 16 tasks, which is
@@ -242,6 +247,7 @@ where
             conn,
             reconnect: None,
             local: MemoryStore::with_clock(Arc::clone(&clock)),
+            touched: Arc::default(),
             clock,
             prefix: Arc::from(DEFAULT_PREFIX),
             timeout: DEFAULT_TIMEOUT,
@@ -275,6 +281,7 @@ where
             prefix: Arc::from(prefix),
             deny: self.deny.as_ref().map(|_| Arc::new(DenyCache::new())),
             local: MemoryStore::with_clock(Arc::clone(&self.clock)),
+            touched: Arc::default(),
             ..self
         })
     }
@@ -287,6 +294,7 @@ where
             conn: self.conn,
             reconnect: self.reconnect,
             local: MemoryStore::with_clock(Arc::clone(&clock)),
+            touched: Arc::default(),
             clock,
             prefix: self.prefix,
             timeout: self.timeout,
@@ -815,6 +823,34 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
     K: Clock,
 {
+    /// Under [`OutagePolicy::Local`], one budget across the switches between Redis and the local
+    /// bucket, with the local bucket kept empty while Redis decides (in `acquire`): Redis's
+    /// bucket is emptied before its first decision on a key this process admitted locally since,
+    /// as its refill meanwhile was this process's to spend, and was spent here. In the safe
+    /// direction: what Redis could still have admitted is lost, never given twice.
+    async fn charge_for_local_admissions(&self, key: &BucketKey, limit: Limit, now: u64) {
+        let touched = self
+            .touched
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(key.as_str());
+        if touched {
+            let drain = Args {
+                op: Op::Drain,
+                limit,
+                x: now,
+                max_wait: 0,
+            };
+            if self.run(key, now, drain).await.is_err() {
+                // Still out of reach: the next call tries again.
+                self.touched
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(key.as_str().into());
+            }
+        }
+    }
+
     /// The answer under the policy when Redis could not give one.
     async fn acquire_in_outage(
         &self,
@@ -848,6 +884,12 @@ where
             OutagePolicy::Local { .. } => match self.local_limit(limit) {
                 Some(local) if cost <= local.burst() => {
                     let d = self.local.acquire(key, local, cost, max_wait).await?;
+                    if d.is_admitted() {
+                        self.touched
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .insert(key.as_str().into());
+                    }
                     // Reported under the limit the caller gave, for headers and the like, and
                     // refunded to the local bucket that gave the tokens.
                     let reservation = Reservation {
@@ -897,6 +939,10 @@ where
                 }
             }
         }
+        let local = self.local_limit(limit);
+        if local.is_some() {
+            self.charge_for_local_admissions(key, limit, now).await;
+        }
         let args = Args {
             op: Op::Acquire,
             limit,
@@ -905,6 +951,13 @@ where
         };
         match self.run(key, now, args).await {
             Ok(reply) => {
+                if let Some(local) = local {
+                    // Redis decides: the local bucket is kept empty meanwhile, so that the next
+                    // outage starts from nothing rather than from what refilled since the last.
+                    let until = std::time::UNIX_EPOCH + Duration::from_millis(now);
+                    // A local bucket never fails.
+                    let _ = self.local.drain_until(key, local, until).await;
+                }
                 if let Some(cache) = &self.deny {
                     match (reply.outcome.allowed, reply.state) {
                         (false, Some(state)) => cache.remember(key, limit, state, now),
@@ -1037,6 +1090,7 @@ impl<C: Clone, K> Clone for RedisStore<C, K> {
             in_flight: Arc::clone(&self.in_flight),
             deny: self.deny.clone(),
             local: self.local.clone(),
+            touched: Arc::clone(&self.touched),
         }
     }
 }
