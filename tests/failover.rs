@@ -50,16 +50,14 @@ async fn until_admitted(store: &RedisStore<redis::aio::ConnectionManager>) -> Op
     None
 }
 
-async fn admin(port: u16) -> redis::aio::MultiplexedConnection {
-    redis::Client::open(format!("redis://127.0.0.1:{port}/"))
-        .expect("a valid Redis URL")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("a connection")
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn after_a_failover_every_call_fails_with_readonly() {
+/// Two private servers, a proxy leading to the first, and a `connect` store through the proxy
+/// that has made a decision: the proxy's target moves to the second server with `target`.
+async fn behind_a_proxy() -> (
+    redis_server::Spawned,
+    redis_server::Spawned,
+    Arc<AtomicU16>,
+    RedisStore<redis::aio::ConnectionManager>,
+) {
     let old = redis_server::spawn("").expect("a redis-server of our own");
     let new = redis_server::spawn("").expect("a redis-server of our own");
     let target = Arc::new(AtomicU16::new(old.port));
@@ -71,8 +69,22 @@ async fn after_a_failover_every_call_fails_with_readonly() {
         .expect("a valid prefix");
     assert!(
         until_admitted(&store).await.is_some(),
-        "works before the failover"
+        "works before the fault"
     );
+    (old, new, target, store)
+}
+
+async fn admin(port: u16) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+        .expect("a valid Redis URL")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("a connection")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_failover_every_call_fails_with_readonly() {
+    let (old, new, target, store) = behind_a_proxy().await;
     // The failover: the address now leads to the new primary, and the old one is demoted.
     target.store(new.port, Ordering::SeqCst);
     let _: () = redis::cmd("REPLICAOF")
@@ -99,19 +111,7 @@ async fn after_a_failover_every_call_fails_with_readonly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_that_stops_answering_holds_the_connection_forever() {
-    let old = redis_server::spawn("").expect("a redis-server of our own");
-    let new = redis_server::spawn("").expect("a redis-server of our own");
-    let target = Arc::new(AtomicU16::new(old.port));
-    let port = proxy(Arc::clone(&target)).await;
-    let store = RedisStore::connect(&format!("redis://127.0.0.1:{port}/"))
-        .await
-        .expect("connects")
-        .with_prefix(&redis_server::unique_prefix())
-        .expect("a valid prefix");
-    assert!(
-        until_admitted(&store).await.is_some(),
-        "works before the stall"
-    );
+    let (old, new, target, store) = behind_a_proxy().await;
     // The old node stops (no RST: the connection looks alive), the address moves on.
     target.store(new.port, Ordering::SeqCst);
     let stopped = std::process::Command::new("kill")

@@ -781,65 +781,41 @@ async fn a_probe_that_never_answers_is_superseded_after_open_for() {
     stuck.abort();
 }
 
+/// Whether one plain acquire of `k` is admitted; panics on an error.
+async fn admits(store: &RedisStore<Switch, ManualClock>, k: &BucketKey, l: Limit) -> bool {
+    store
+        .acquire(k, l, 1, ZERO)
+        .await
+        .expect("decides")
+        .is_admitted()
+}
+
 #[tokio::test]
 async fn caches_shared_across_prefixes_deny_another_tenants_first_request() {
     let clock = ManualClock::new(START);
-    let base = RedisStore::new(Switch::new().await).with_clock(clock.clone());
-    let tenant = |store: &RedisStore<Switch, ManualClock>| {
-        store
-            .clone()
-            .with_prefix(&redis_server::unique_prefix())
-            .expect("a valid prefix")
-    };
-    let (a, b) = (tenant(&base), tenant(&base));
     let k = key("tenant");
     let l = Limit::per_minute(1).expect("a valid limit");
-    assert!(
-        a.acquire(&k, l, 1, ZERO)
-            .await
-            .expect("decides")
-            .is_admitted()
-    );
-    assert!(
-        !a.acquire(&k, l, 1, ZERO)
-            .await
-            .expect("decides")
-            .is_admitted()
-    );
-    // Tenant A's denial is in A's deny cache only: B's same bucket key is another bucket.
-    assert!(
-        b.acquire(&k, l, 1, ZERO)
-            .await
-            .expect("decides")
-            .is_admitted(),
-        "tenant B's first request ever"
-    );
-
-    // The same for the local buckets of the outage policy.
-    let conn = Switch::detached();
-    conn.set(REFUSING);
+    // The deny cache, on a Redis that answers; then the local buckets of the outage policy, on
+    // one that does not.
+    let refusing = Switch::detached();
+    refusing.set(REFUSING);
     let processes = NonZeroU32::new(1).expect("non-zero");
-    let base = store(conn, &clock).on_outage(OutagePolicy::Local { processes });
-    let (a, b) = (tenant(&base), tenant(&base));
-    assert!(
-        a.acquire(&k, l, 1, ZERO)
-            .await
-            .expect("local")
-            .is_admitted()
-    );
-    assert!(
-        !a.acquire(&k, l, 1, ZERO)
-            .await
-            .expect("local")
-            .is_admitted()
-    );
-    assert!(
-        b.acquire(&k, l, 1, ZERO)
-            .await
-            .expect("local")
-            .is_admitted(),
-        "tenant B's local bucket is its own"
-    );
+    let bases = [
+        RedisStore::new(Switch::new().await).with_clock(clock.clone()),
+        store(refusing, &clock).on_outage(OutagePolicy::Local { processes }),
+    ];
+    for base in &bases {
+        let tenant = || {
+            base.clone()
+                .with_prefix(&redis_server::unique_prefix())
+                .expect("a valid prefix")
+        };
+        let (a, b) = (tenant(), tenant());
+        assert!(admits(&a, &k, l).await);
+        assert!(!admits(&a, &k, l).await);
+        // Tenant A's denial is A's alone: B's same bucket key is another bucket.
+        assert!(admits(&b, &k, l).await, "tenant B's first request ever");
+    }
 }
 
 #[tokio::test]
