@@ -2,8 +2,15 @@
 
 use std::fmt;
 use std::fmt::Write as _;
+use std::sync::{Arc, OnceLock};
 
+use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// The shortest [`KeySecret`], in bytes: shorter secrets can be guessed.
+const MIN_SECRET_LEN: usize = 16;
 
 /// The longest bucket name, in bytes.
 const MAX_BUCKET_LEN: usize = 64;
@@ -24,13 +31,17 @@ const MAX_ESCAPED_KEY_LEN: usize = 128;
 /// - A key whose escaped form is longer than 128 bytes is replaced by `#` and its SHA-256 in hex,
 ///   so a huge key costs a fixed 65 bytes. `#` never appears in an escaped key, so the two forms
 ///   cannot collide.
-/// - [`BucketKey::hashed`] always stores the hash: use it for secrets such as API tokens, which
-///   must never reach a store, or a log, in clear.
+/// - [`BucketKey::keyed`] always stores an HMAC-SHA256 of the key under an application
+///   [`KeySecret`]: use it for secrets such as API tokens and `Authorization` values, which must
+///   never reach a store, or a log, in clear, nor in a form that can be guessed offline.
+/// - [`BucketKey::hashed`] always stores a plain SHA-256. Anyone who reads the store can test
+///   guesses against it (a password, a short token, an IP address), so prefer
+///   [`keyed`](BucketKey::keyed) for anything secret.
 ///
 /// [`as_str`](Self::as_str) and `Display` show only the escaped or hashed form.
 ///
 /// ```
-/// use burstgate::BucketKey;
+/// use burstgate::{BucketKey, KeySecret};
 ///
 /// let key = BucketKey::new("orders", "seller:42")?;
 /// assert_eq!(key.as_str(), "orders:seller%3A42");
@@ -38,7 +49,8 @@ const MAX_ESCAPED_KEY_LEN: usize = 128;
 /// let raw = BucketKey::new("ip", [10u8, 0, 0, 255])?;
 /// assert_eq!(raw.as_str(), "ip:%0A%00%00%FF");
 ///
-/// let token = BucketKey::hashed("orders", "Bearer s3cr3t")?;
+/// let secret = KeySecret::new(b"an application secret, from config")?;
+/// let token = BucketKey::keyed("orders", "Bearer s3cr3t", &secret)?;
 /// assert!(!token.as_str().contains("s3cr3t"));
 /// # Ok::<(), burstgate::InvalidKey>(())
 /// ```
@@ -55,15 +67,33 @@ impl BucketKey {
     /// chosen by the program, so anything else is a bug worth hearing about. The key must not be
     /// empty.
     pub fn new(bucket: &str, key: impl AsRef<[u8]>) -> Result<Self, InvalidKey> {
-        Self::build(bucket, key.as_ref(), false)
+        Self::build(bucket, key.as_ref(), Hashing::None)
     }
 
-    /// Like [`new`](Self::new), but the key is always stored as its SHA-256: for secrets.
-    pub fn hashed(bucket: &str, secret: impl AsRef<[u8]>) -> Result<Self, InvalidKey> {
-        Self::build(bucket, secret.as_ref(), true)
+    /// Like [`new`](Self::new), but the key is always stored as its plain SHA-256.
+    ///
+    /// The hash hides the key from a casual reader, not from one who guesses: whoever reads the
+    /// store can hash candidate keys and compare. Use [`keyed`](Self::keyed) for passwords,
+    /// tokens and anything else an attacker would like to learn.
+    pub fn hashed(bucket: &str, key: impl AsRef<[u8]>) -> Result<Self, InvalidKey> {
+        Self::build(bucket, key.as_ref(), Hashing::Plain)
     }
 
-    fn build(bucket: &str, key: &[u8], hash: bool) -> Result<Self, InvalidKey> {
+    /// Like [`new`](Self::new), but the key is always stored as its HMAC-SHA256 under `secret`:
+    /// for secrets. Without the secret, a reader of the store (or of a backup of it) cannot tell
+    /// which key a bucket belongs to, nor test guesses.
+    ///
+    /// Every process that shares a bucket must use the same secret; a new secret names new
+    /// buckets, which start full.
+    pub fn keyed(
+        bucket: &str,
+        key: impl AsRef<[u8]>,
+        secret: &KeySecret,
+    ) -> Result<Self, InvalidKey> {
+        Self::build(bucket, key.as_ref(), Hashing::Keyed(secret))
+    }
+
+    fn build(bucket: &str, key: &[u8], hashing: Hashing<'_>) -> Result<Self, InvalidKey> {
         if !is_name(bucket) {
             return Err(InvalidKey::BucketName);
         }
@@ -74,12 +104,15 @@ impl BucketKey {
         id.push_str(bucket);
         id.push(':');
         let escaped_len: usize = key.iter().map(|&b| if plain(b) { 1 } else { 3 }).sum();
-        if hash || escaped_len > MAX_ESCAPED_KEY_LEN {
+        let digest = match hashing {
+            Hashing::Keyed(secret) => Some(secret.mac(key)),
+            Hashing::Plain => Some(Sha256::digest(key).into()),
+            Hashing::None if escaped_len > MAX_ESCAPED_KEY_LEN => Some(Sha256::digest(key).into()),
+            Hashing::None => None,
+        };
+        if let Some(digest) = digest {
             id.push('#');
-            for b in Sha256::digest(key) {
-                // Writing to a String cannot fail.
-                let _ = write!(id, "{b:02x}");
-            }
+            push_hex(&mut id, &digest);
         } else {
             for &b in key {
                 if plain(b) {
@@ -107,13 +140,100 @@ impl BucketKey {
 
     /// A short hash of the identity (12 hex digits), to tell keys apart in logs without
     /// showing them: an escaped key is still the caller's key, an IP address or an account.
+    ///
+    /// The hash is keyed with a random salt drawn once per process, so a reader of the logs
+    /// cannot recover a key by hashing every candidate (every IPv4 address, say). The same key
+    /// has the same fingerprint for the life of the process, and a different one in another
+    /// process or after a restart: correlate across hosts by bucket name and time, not by
+    /// fingerprint.
     pub fn fingerprint(&self) -> String {
-        let digest = Sha256::digest(self.id.as_bytes());
+        let mut mac = fingerprint_salt().clone();
+        mac.update(self.id.as_bytes());
+        let digest = mac.finalize().into_bytes();
         let mut out = String::with_capacity(12);
-        for b in &digest[..6] {
-            let _ = write!(out, "{b:02x}");
-        }
+        push_hex(&mut out, &digest[..6]);
         out
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Hashing<'a> {
+    /// Escaped, unless too long.
+    None,
+    Plain,
+    Keyed(&'a KeySecret),
+}
+
+fn push_hex(out: &mut String, bytes: &[u8]) {
+    for b in bytes {
+        // Writing to a String cannot fail.
+        let _ = write!(out, "{b:02x}");
+    }
+}
+
+/// The process's fingerprint key, drawn from the operating system's random source the first time
+/// a fingerprint is asked for.
+fn fingerprint_salt() -> &'static HmacSha256 {
+    static SALT: OnceLock<HmacSha256> = OnceLock::new();
+    SALT.get_or_init(|| {
+        let mut salt = [0u8; 32];
+        if getrandom::fill(&mut salt).is_err() {
+            // No OS randomness (a sandbox without getrandom): std's per-process hasher keys come
+            // from the same source where it exists, and from the address space layout otherwise,
+            // which still differs between processes.
+            use std::hash::{BuildHasher, Hasher};
+            for chunk in salt.chunks_mut(8) {
+                let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+                h.write_usize(chunk.as_ptr() as usize);
+                chunk.copy_from_slice(&h.finish().to_le_bytes());
+            }
+        }
+        // An HMAC accepts a key of any length.
+        HmacSha256::new_from_slice(&salt).unwrap_or_else(|_| HmacSha256::new(&Default::default()))
+    })
+}
+
+/// An application secret that keys the hashes of secret keys: see [`BucketKey::keyed`],
+/// `KeyExtractor::header_keyed` (feature `tower`) and `RateLimitMiddleware::account_header_keyed`
+/// (feature `reqwest`).
+///
+/// Give it at least 16 random bytes from your secret store, the same in every process that shares
+/// the buckets. `Debug` never shows it.
+///
+/// ```
+/// use burstgate::{InvalidKey, KeySecret};
+///
+/// assert!(KeySecret::new(b"0123456789abcdef").is_ok());
+/// assert_eq!(KeySecret::new(b"short").err(), Some(InvalidKey::ShortSecret));
+/// ```
+#[derive(Clone)]
+pub struct KeySecret {
+    /// The HMAC with the secret already absorbed, so each key costs two SHA-256 blocks and no
+    /// copy of the secret.
+    mac: Arc<HmacSha256>,
+}
+
+impl KeySecret {
+    /// A secret of at least 16 bytes.
+    pub fn new(secret: impl AsRef<[u8]>) -> Result<Self, InvalidKey> {
+        let secret = secret.as_ref();
+        if secret.len() < MIN_SECRET_LEN {
+            return Err(InvalidKey::ShortSecret);
+        }
+        let mac = HmacSha256::new_from_slice(secret).map_err(|_| InvalidKey::ShortSecret)?;
+        Ok(Self { mac: Arc::new(mac) })
+    }
+
+    fn mac(&self, key: &[u8]) -> [u8; 32] {
+        let mut mac = HmacSha256::clone(&self.mac);
+        mac.update(key);
+        mac.finalize().into_bytes().into()
+    }
+}
+
+impl fmt::Debug for KeySecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("KeySecret(<secret>)")
     }
 }
 
@@ -152,6 +272,8 @@ pub enum InvalidKey {
     /// A store's key prefix was empty, longer than 64 bytes, or had characters other than ASCII
     /// letters, digits, `_`, `.` and `-`.
     Prefix,
+    /// A [`KeySecret`] was shorter than 16 bytes.
+    ShortSecret,
 }
 
 impl fmt::Display for InvalidKey {
@@ -164,6 +286,7 @@ impl fmt::Display for InvalidKey {
             Self::Prefix => {
                 f.write_str("a key prefix must be 1 to 64 ascii letters, digits, '_', '.' or '-'")
             }
+            Self::ShortSecret => f.write_str("a key secret must be at least 16 bytes"),
         }
     }
 }
@@ -207,6 +330,42 @@ mod tests {
     }
 
     #[test]
+    fn keyed_hashes_cannot_be_checked_without_the_secret() {
+        let a = KeySecret::new([1u8; 16]).expect("a valid secret");
+        let b = KeySecret::new([2u8; 16]).expect("a valid secret");
+        let basic = "Basic dXNlcjpodW50ZXIy";
+        let plain = BucketKey::hashed("login", basic).expect("a valid key");
+        let keyed = BucketKey::keyed("login", basic, &a).expect("a valid key");
+        let other = BucketKey::keyed("login", basic, &b).expect("a valid key");
+        // An unkeyed hash is what anyone can compute from a guess; a keyed one is not.
+        assert_eq!(
+            plain.as_str(),
+            format!("login:#{:x}", Sha256::digest(basic))
+        );
+        assert_ne!(keyed, plain);
+        assert_ne!(keyed, other);
+        assert_eq!(keyed.as_str().len(), "login:#".len() + 64);
+        assert!(!keyed.as_str().contains("dXNl"));
+        // The same secret names the same bucket, in every process.
+        assert_eq!(BucketKey::keyed("login", basic, &a), Ok(keyed));
+        assert_eq!(format!("{a:?}"), "KeySecret(<secret>)");
+    }
+
+    #[test]
+    fn an_ipv4_fingerprint_does_not_reverse_by_enumeration() {
+        let key = BucketKey::new("ip", "203.0.113.7").expect("a valid key");
+        let fp = key.fingerprint();
+        assert_eq!(fp.len(), 12);
+        assert_eq!(key.fingerprint(), fp, "stable within the process");
+        // What an attacker who enumerates addresses would compute: the unsalted hash.
+        let unsalted: String = Sha256::digest(key.as_str())[..6]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_ne!(fp, unsalted);
+    }
+
+    #[test]
     fn bad_names_and_empty_keys_are_refused() {
         assert_eq!(BucketKey::new("", "k"), Err(InvalidKey::BucketName));
         assert_eq!(BucketKey::new("a:b", "k"), Err(InvalidKey::BucketName));
@@ -216,6 +375,15 @@ mod tests {
         );
         assert_eq!(BucketKey::new("orders", ""), Err(InvalidKey::EmptyKey));
         assert_eq!(BucketKey::hashed("orders", ""), Err(InvalidKey::EmptyKey));
+        let secret = KeySecret::new([7u8; 16]).expect("a valid secret");
+        assert_eq!(
+            BucketKey::keyed("orders", "", &secret),
+            Err(InvalidKey::EmptyKey)
+        );
+        assert_eq!(
+            KeySecret::new([7u8; 15]).err(),
+            Some(InvalidKey::ShortSecret)
+        );
         assert_eq!(
             BucketKey::new("orders", "k").map(|k| k.bucket().to_owned()),
             Ok("orders".into())

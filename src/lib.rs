@@ -84,8 +84,10 @@
 //!   which is what it would have computed anyway.
 //!
 //! The key part of a [`BucketKey`] is percent-escaped, so it cannot break out of the namespace or
-//! collide with another, and hashed when long; [`BucketKey::hashed`] always hashes, for secrets
-//! such as API tokens, which then never reach Redis or a log in clear.
+//! collide with another, and hashed when long. [`BucketKey::keyed`] always stores an HMAC-SHA256
+//! under an application [`KeySecret`], for secrets such as API tokens and `Authorization` values:
+//! they never reach Redis or a log in clear, and a reader of either cannot test guesses against
+//! them. See [Security](#security) for what each reader can learn.
 //!
 //! Code generic over `S: BucketStore` calls the store without boxing. Where one type must hold
 //! any store, use `Arc<dyn DynBucketStore>`: [`DynBucketStore`] is implemented for every store,
@@ -221,7 +223,8 @@
 //! default: an error; the tower layer answers `503 Service Unavailable` and the reqwest
 //! middleware returns the [`StoreError`] without sending the request), fail open, or a local
 //! bucket with this process's share of the limit. A key of the wrong type under the prefix is
-//! [`StoreError::WrongType`], naming the key, under every policy. Nothing panics.
+//! [`StoreError::WrongType`], naming the key by its bucket and fingerprint, under every policy.
+//! Nothing panics.
 //!
 //! # Arithmetic and units
 //!
@@ -256,7 +259,7 @@ mod store;
 pub use clock::QuantaClock;
 pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
 pub use error::RateLimited;
-pub use key::{BucketKey, InvalidKey};
+pub use key::{BucketKey, InvalidKey, KeySecret};
 #[cfg(feature = "tower")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 pub use layer::RateLimitLayer;

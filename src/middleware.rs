@@ -11,7 +11,9 @@ use reqwest_middleware::{Middleware, Next};
 use crate::clock::{Clock, SystemClock};
 use crate::key::is_name;
 use crate::store::{BackendError, RefundGuard};
-use crate::{BucketKey, BucketStore, Decision, InvalidKey, Limit, RateLimited, StoreError};
+use crate::{
+    BucketKey, BucketStore, Decision, InvalidKey, KeySecret, Limit, RateLimited, StoreError,
+};
 
 /// The longest an upstream 429 may make every worker back off, unless set otherwise.
 const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(600);
@@ -97,6 +99,7 @@ struct Config {
     routes: Vec<Route>,
     default: Option<Route>,
     account_header: Option<HeaderName>,
+    key_secret: Option<KeySecret>,
     max_wait: Option<Duration>,
     error_cost: u32,
     max_backoff: Duration,
@@ -112,6 +115,7 @@ impl<St: BucketStore + Clone> RateLimitMiddleware<St, SystemClock> {
                 routes: Vec::new(),
                 default: None,
                 account_header: None,
+                key_secret: None,
                 max_wait: None,
                 error_cost: 1,
                 max_backoff: DEFAULT_MAX_BACKOFF,
@@ -145,10 +149,21 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
 
     /// Takes the account from this header (such as `Authorization`) when the request has no
     /// [`Account`] extension. The value is hashed before it becomes part of a key, and never
-    /// stored or logged in clear.
+    /// stored or logged in clear; set a [`key_secret`](Self::key_secret) too, or a reader of the
+    /// store can test guessed tokens against the hash.
     #[must_use]
     pub fn account_header(mut self, name: HeaderName) -> Self {
         Arc::make_mut(&mut self.config).account_header = Some(name);
+        self
+    }
+
+    /// Keys the hashes of secret accounts (the [`account_header`](Self::account_header)'s value
+    /// and [`Account::secret`]) with `secret`: an HMAC-SHA256 (see [`BucketKey::keyed`]) instead
+    /// of a plain SHA-256, which anyone who reads the store could check guesses against. Every
+    /// process sharing the buckets must use the same secret.
+    #[must_use]
+    pub fn key_secret(mut self, secret: KeySecret) -> Self {
+        Arc::make_mut(&mut self.config).key_secret = Some(secret);
         self
     }
 
@@ -202,13 +217,13 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
         // An empty account or header value names nobody: it falls through to the next source.
         let key = extensions
             .get::<Account>()
-            .and_then(|account| account.key(bucket))
+            .and_then(|account| account.key(bucket, self.config.key_secret.as_ref()))
             .or_else(|| {
                 self.config
                     .account_header
                     .as_ref()
                     .and_then(|name| req.headers().get(name))
-                    .and_then(|v| BucketKey::hashed(bucket, v.as_bytes()).ok())
+                    .and_then(|v| secret_key(bucket, v.as_bytes(), self.config.key_secret.as_ref()))
             });
         // The bucket name was checked when the route was made, and "-" is a valid key.
         key.or_else(|| BucketKey::new(bucket, "-").ok())
@@ -440,6 +455,7 @@ impl<St: fmt::Debug, K: fmt::Debug> fmt::Debug for RateLimitMiddleware<St, K> {
             .field("routes", &self.config.routes)
             .field("default_route", &self.config.default)
             .field("account_header", &self.config.account_header)
+            .field("key_secret", &self.config.key_secret)
             .field("max_wait", &self.config.max_wait)
             .field("error_cost", &self.config.error_cost)
             .field("max_backoff", &self.config.max_backoff)
@@ -580,7 +596,8 @@ impl Account {
     }
 
     /// An account named by a secret, such as its API token: hashed before it becomes part of a
-    /// key, never stored or logged in clear.
+    /// key (keyed with the middleware's [`key_secret`](RateLimitMiddleware::key_secret) when it
+    /// has one), never stored or logged in clear.
     pub fn secret(token: &str) -> Self {
         Self {
             id: Arc::from(token),
@@ -588,12 +605,20 @@ impl Account {
         }
     }
 
-    fn key(&self, bucket: &str) -> Option<BucketKey> {
+    fn key(&self, bucket: &str, key_secret: Option<&KeySecret>) -> Option<BucketKey> {
         if self.secret {
-            BucketKey::hashed(bucket, self.id.as_bytes()).ok()
+            secret_key(bucket, self.id.as_bytes(), key_secret)
         } else {
             BucketKey::new(bucket, self.id.as_bytes()).ok()
         }
+    }
+}
+
+/// The key of a secret account: keyed when the application gave a secret.
+fn secret_key(bucket: &str, value: &[u8], secret: Option<&KeySecret>) -> Option<BucketKey> {
+    match secret {
+        Some(secret) => BucketKey::keyed(bucket, value, secret).ok(),
+        None => BucketKey::hashed(bucket, value).ok(),
     }
 }
 

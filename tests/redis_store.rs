@@ -127,7 +127,7 @@ async fn the_script_is_loaded_again_after_script_flush() {
 }
 
 #[tokio::test]
-async fn a_key_of_another_type_is_a_wrong_type_error_naming_it() {
+async fn a_wrong_type_error_names_the_key_by_fingerprint_never_in_clear() {
     let store = RedisStore::new(conn().await)
         .with_prefix(&redis_server::unique_prefix())
         .expect("a valid prefix");
@@ -156,10 +156,21 @@ async fn a_key_of_another_type_is_a_wrong_type_error_naming_it() {
             .await
             .expect("DUMP");
         match store.acquire(key, orders(), 1, ZERO).await {
-            Err(StoreError::WrongType { key: named }) => {
-                assert_eq!(named, redis_key);
-                let shown = StoreError::WrongType { key: named }.to_string();
-                assert!(shown.contains(key.as_str()), "{shown}");
+            Err(StoreError::WrongType {
+                bucket,
+                fingerprint,
+            }) => {
+                assert_eq!(bucket, key.bucket());
+                assert_eq!(fingerprint, key.fingerprint());
+                // The message names the key without showing it, nor the Redis key holding it.
+                let shown = StoreError::WrongType {
+                    bucket,
+                    fingerprint: fingerprint.clone(),
+                }
+                .to_string();
+                assert!(shown.contains(fingerprint.as_str()), "{shown}");
+                assert!(!shown.contains(key.as_str()), "{shown}");
+                assert!(!shown.contains(&redis_key), "{shown}");
             }
             other => panic!("expected WrongType for {redis_key}, got {other:?}"),
         }

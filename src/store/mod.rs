@@ -326,15 +326,25 @@ pub enum StoreError {
         /// The limit's burst.
         capacity: u32,
     },
-    /// The store key holds a value that is not a bucket (Redis `WRONGTYPE`).
+    /// The store key holds a value that is not a bucket (Redis `WRONGTYPE`): someone else wrote
+    /// the key. The call was refused without changing it.
+    ///
+    /// The key is named by its bucket and fingerprint, never in clear (it may be an IP address
+    /// or an account). To find it, list the bucket's keys (`SCAN 0 MATCH <prefix>:*:<bucket>:*`)
+    /// and look for the one whose `TYPE` is not `string`, or compute it from a suspect key with
+    /// `RedisStore::redis_key`.
     WrongType {
-        /// The full store key.
-        key: String,
+        /// The bucket name, as the program chose it.
+        bucket: String,
+        /// The bucket key's [`fingerprint`](crate::BucketKey::fingerprint), not the key itself.
+        fingerprint: String,
     },
     /// The bucket's stored value is one no store could have written (not finite, a time out of
     /// range, more debt than any reservation leaves): someone else wrote the key. The call was
     /// refused without changing it; delete the key to start the bucket afresh.
     CorruptBucket {
+        /// The bucket name, as the program chose it.
+        bucket: String,
         /// The bucket key's [`fingerprint`](crate::BucketKey::fingerprint), not the key itself.
         fingerprint: String,
     },
@@ -364,12 +374,19 @@ impl fmt::Display for StoreError {
                 f,
                 "a cost of {cost} tokens can never be served by a bucket of {capacity}"
             ),
-            Self::WrongType { key } => {
-                write!(f, "store key {key:?} holds a value that is not a bucket")
-            }
-            Self::CorruptBucket { fingerprint } => write!(
+            Self::WrongType {
+                bucket,
+                fingerprint,
+            } => write!(
                 f,
-                "the bucket with key fingerprint {fingerprint} holds a value no store could have written"
+                "the store key of bucket {bucket:?}, key fingerprint {fingerprint}, holds a value that is not a bucket"
+            ),
+            Self::CorruptBucket {
+                bucket,
+                fingerprint,
+            } => write!(
+                f,
+                "the store key of bucket {bucket:?}, key fingerprint {fingerprint}, holds a value no store could have written"
             ),
             Self::Backend(e) => fmt::Display::fmt(e, f),
             Self::Timeout { after } => write!(f, "the store did not answer within {after:?}"),

@@ -85,7 +85,7 @@ fn script() -> &'static redis::Script {
 /// that most writes leave Redis's expiry alone. An idle bucket expires, and the next call sees a
 /// full bucket, which is what it would have computed anyway. A key under the prefix that holds
 /// anything else (another type, or a string that is not 24 bytes) is reported as
-/// [`StoreError::WrongType`], naming the key.
+/// [`StoreError::WrongType`], naming the key by its bucket and fingerprint.
 ///
 /// # Connections
 ///
@@ -459,12 +459,14 @@ where
                 // Redis answered: it is up, the data is wrong.
                 ticket.success();
                 Err(Failure::Fatal(StoreError::WrongType {
-                    key: redis_key.to_string(),
+                    bucket: key.bucket().to_owned(),
+                    fingerprint: key.fingerprint(),
                 }))
             }
             Ok(Err(e)) if e.code() == Some(CORRUPT_CODE) => {
                 ticket.success();
                 Err(Failure::Fatal(StoreError::CorruptBucket {
+                    bucket: key.bucket().to_owned(),
                     fingerprint: key.fingerprint(),
                 }))
             }
