@@ -120,10 +120,22 @@ mod middleware {
 
         let keyed = BucketKey::keyed("orders", BASIC, &secret()).expect("a valid key");
         let plain = BucketKey::hashed("orders", BASIC).expect("a valid key");
-        assert_eq!(remaining(&store, &keyed).await, 4, "spent from the keyed bucket");
-        assert_eq!(remaining(&store, &plain).await, 5, "the plain hash is never written");
+        assert_eq!(
+            remaining(&store, &keyed).await,
+            4,
+            "spent from the keyed bucket"
+        );
+        assert_eq!(
+            remaining(&store, &plain).await,
+            5,
+            "the plain hash is never written"
+        );
         let account = BucketKey::keyed("orders", "token-a", &secret()).expect("a valid key");
-        assert_eq!(remaining(&store, &account).await, 4, "secret accounts are keyed too");
+        assert_eq!(
+            remaining(&store, &account).await,
+            4,
+            "secret accounts are keyed too"
+        );
     }
 
     #[cfg(feature = "redis")]

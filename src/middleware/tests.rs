@@ -77,7 +77,10 @@ fn routes_match_method_host_and_path_patterns() {
 fn secret_accounts_are_hashed_and_not_printed() {
     let a = Account::secret("tok-123");
     assert_eq!(format!("{a:?}"), "Account(<secret>)");
-    let key = a.key("orders", None).map(|k| k.to_string()).unwrap_or_default();
+    let key = a
+        .key("orders", None)
+        .map(|k| k.to_string())
+        .unwrap_or_default();
     assert!(key.starts_with("orders:#") && !key.contains("tok"), "{key}");
     assert_eq!(
         Account::new("seller:42")

@@ -4,6 +4,7 @@ use std::cell::RefCell;
 use std::fmt;
 use std::future::{Future, ready};
 use std::hash::{BuildHasher, Hasher};
+use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
@@ -44,6 +45,19 @@ const MIN_REBUILD_NEW: usize = 16;
 /// lock since it was made, or twice as many as it holds buckets, whichever is more.
 const MIN_REBUILD_LOCKED: usize = 64;
 
+/// The most buckets a store holds unless built with [`MemoryStore::bounded`]: at about 150 bytes
+/// each (the slot, its index entry, and the tables threads still refer to), some 150 MB.
+const DEFAULT_MAX_BUCKETS: usize = 1 << 20;
+
+/// How many buckets a shard should hold at most, which sets the shard count of a large store: a
+/// rebuild copies one shard under its lock, and decisions on that shard's keys wait for it, so
+/// the shards are kept small enough that a rebuild is short whatever the store's bound.
+const MAX_BUCKETS_PER_SHARD: usize = 8_192;
+
+/// A shard at its bound evicts down to this share of it (in eighths), so that each eviction,
+/// which rebuilds the shard, makes room for many new keys.
+const EVICT_TO_EIGHTHS: usize = 7;
+
 /// How many stores a thread keeps its view of the tables for.
 const STORES_PER_THREAD: usize = 4;
 
@@ -71,6 +85,18 @@ static NEXT_STORE: AtomicU64 = AtomicU64::new(1);
 /// second or more; [`sweep`](Self::sweep) rebuilds every shard at once and leaves out every
 /// full bucket. A million keys seen once therefore do not stay in memory longer than their refill
 /// time and a second, once traffic on new keys or a sweep reaches their shard.
+///
+/// The store holds a bounded number of buckets: 1,048,576 unless built with
+/// [`bounded`](Self::bounded), spread evenly over the shards. A key new to a shard that holds its
+/// share first makes the shard drop its full buckets; if that is not room enough, the shard
+/// forgets buckets down to seven eighths of its share, those that will be full soonest first.
+/// A forgotten bucket starts full when its key comes back, so its key gains at most the tokens
+/// it had spent and not yet refilled (never more than the burst), and the buckets chosen are
+/// those with the least of that left. A bucket in debt (reservations wait on it, or a drain holds
+/// it empty) is never forgotten; a new key that finds its shard full of such buckets is refused
+/// with [`StoreError::TooManyBuckets`], and nothing is forgotten. A flood of made-up keys (a
+/// header-keyed rule under attack) therefore costs a bounded amount of memory, about 150 bytes
+/// a bucket, and over-admits only the keys it pushes out, each by less than its burst.
 ///
 /// Each thread that decides on a store keeps its own reference to each shard's table (for its
 /// last four stores), so that finding a table costs it no write to memory another thread uses.
@@ -109,6 +135,8 @@ struct Inner {
     id: u64,
     shards: Box<[Padded]>,
     hasher: DefaultHashBuilder,
+    /// The most buckets each shard holds.
+    shard_cap: usize,
 }
 
 impl Inner {
@@ -185,6 +213,11 @@ struct Shard {
     /// How many of the new keys the table had no room for when it was made.
     overflow: usize,
 }
+
+/// A key new to a shard found the shard at its bound, with every bucket in debt: none can be
+/// forgotten without freeing tokens that reservations hold.
+#[derive(Debug)]
+struct Full;
 
 /// A shard's buckets: the buckets themselves, one after the other, and an index to them.
 ///
@@ -414,10 +447,26 @@ impl Default for MemoryStore<SystemClock> {
 }
 
 impl<C: Clock> MemoryStore<C> {
-    /// An empty store that reads the time from `clock`.
+    /// An empty store that reads the time from `clock`, holding at most 1,048,576 (2^20)
+    /// buckets.
     pub fn with_clock(clock: C) -> Self {
+        Self::bounded(
+            NonZeroUsize::MIN.saturating_add(DEFAULT_MAX_BUCKETS - 1),
+            clock,
+        )
+    }
+
+    /// An empty store that reads the time from `clock` and holds at most about `max_buckets`
+    /// buckets (rounded up to a multiple of its shard count): see [Memory](Self#memory) for
+    /// what happens at the bound.
+    ///
+    /// The bound also sets the shard count: at least one shard per 8,192 buckets, so that
+    /// rebuilding a shard's table stays short however many buckets the store holds.
+    pub fn bounded(max_buckets: NonZeroUsize, clock: C) -> Self {
+        let max_buckets = max_buckets.get();
         let parallelism = std::thread::available_parallelism().map_or(1, |n| n.get());
         let count = (parallelism * SHARDS_PER_THREAD)
+            .max(max_buckets.div_ceil(MAX_BUCKETS_PER_SHARD))
             .next_power_of_two()
             .max(MIN_SHARDS);
         let shards = (0..count)
@@ -436,9 +485,16 @@ impl<C: Clock> MemoryStore<C> {
                 id: NEXT_STORE.fetch_add(1, Ordering::Relaxed),
                 shards,
                 hasher: DefaultHashBuilder::default(),
+                shard_cap: max_buckets.div_ceil(count),
             }),
             clock,
         }
+    }
+
+    /// The most buckets the store holds: the bound it was built with, rounded up to a multiple
+    /// of its shard count.
+    pub fn max_buckets(&self) -> usize {
+        self.inner.shard_cap * self.inner.shards.len()
     }
 
     /// The number of buckets held (full buckets not yet swept included).
@@ -488,7 +544,7 @@ impl<C: Clock> MemoryStore<C> {
         &self,
         key: &BucketKey,
         f: impl FnOnce(Option<State>, u64) -> (T, Option<Write>),
-    ) -> T {
+    ) -> Result<T, StoreError> {
         let id = key.as_str();
         let hasher = &self.inner.hasher;
         // One hash serves both the shard and the lookups inside it.
@@ -507,8 +563,12 @@ impl<C: Clock> MemoryStore<C> {
             Some(held.decide(now_ms, f.take()?))
         });
         match (fast, f) {
-            (Ok(Some(out)), _) => out,
-            (_, Some(f)) => self.with_bucket_locked(index, hash, id, now_ms, f),
+            (Ok(Some(out)), _) => Ok(out),
+            (_, Some(f)) => self
+                .with_bucket_locked(index, hash, id, now_ms, f)
+                .map_err(|Full| StoreError::TooManyBuckets {
+                    max: self.max_buckets(),
+                }),
             // `f` is only taken once the bucket is held, and then decides.
             (_, None) => unreachable!("a decision's function was used and its result lost"),
         }
@@ -524,7 +584,7 @@ impl<C: Clock> MemoryStore<C> {
         id: &str,
         now_ms: u64,
         f: impl FnOnce(Option<State>, u64) -> (T, Option<Write>),
-    ) -> T {
+    ) -> Result<T, Full> {
         let hasher = &self.inner.hasher;
         let now = bucket::time(now_ms);
         let mut shard = lock(&self.inner.shards[index].0);
@@ -544,7 +604,7 @@ impl<C: Clock> MemoryStore<C> {
         });
         // Under the shard's lock no rebuild runs, so a bucket of the current table is never gone.
         if let Some(held) = shard.table.hold(hash, id) {
-            return held.decide(now_ms, f);
+            return Ok(held.decide(now_ms, f));
         }
         let found = shard.new.find_entry(hash, |e| e.key.is(id));
         let state = found.as_ref().ok().map(|e| e.get().state);
@@ -560,6 +620,14 @@ impl<C: Clock> MemoryStore<C> {
                 found.remove();
             }
             (Err(_), Some(w)) if w.full > now => {
+                let cap = self.inner.shard_cap;
+                if shard.held() >= cap {
+                    shard.rebuild_evicting(now, hasher, cap);
+                    self::refresh_view(&self.inner, index, &shard.table);
+                    if shard.held() >= cap {
+                        return Err(Full);
+                    }
+                }
                 let entry = Entry {
                     key: Key::new(id),
                     state: w.state,
@@ -571,11 +639,43 @@ impl<C: Clock> MemoryStore<C> {
             }
             (_, _) => {}
         }
-        out
+        Ok(out)
     }
 }
 
+/// Points this thread's view of shard `index` at `table`, so that it holds no reference to the
+/// table just replaced.
+fn refresh_view(inner: &Inner, index: usize, table: &Table) {
+    let _ = VIEWS.try_with(|views| {
+        if let Ok(mut views) = views.try_borrow_mut()
+            && let Some(mine) = inner.view(&mut views).get_mut(index)
+        {
+            *mine = table.clone();
+        }
+    });
+}
+
 impl Shard {
+    /// The buckets the shard holds, in its table and among its new keys.
+    fn held(&self) -> usize {
+        self.table.buckets.len() + self.new.len()
+    }
+
+    /// Makes room under the bound `cap`: a rebuild that drops every full bucket and, if the
+    /// shard is still above seven eighths of its bound, forgets the buckets that will be full
+    /// soonest, those whose keys lose least by being forgotten. A bucket in debt is never
+    /// forgotten: its debt is the slots reservations hold, and forgetting it would give them out
+    /// again.
+    #[cold]
+    fn rebuild_evicting(&mut self, now: f64, hasher: &DefaultHashBuilder, cap: usize) {
+        let keep = if cap >= 8 {
+            cap / 8 * EVICT_TO_EIGHTHS
+        } else {
+            cap.saturating_sub(1)
+        };
+        self.rebuild_keeping(now, now, hasher, keep);
+    }
+
     /// Whether to rebuild the table before a decision under the lock: a second after the last
     /// rebuild; once the new keys number half the table (and at least [`MIN_REBUILD_NEW`]); or
     /// once the decisions under the lock since the last rebuild outnumber twice the buckets (and
@@ -596,6 +696,17 @@ impl Shard {
     /// new keys; each bucket of the old table is marked gone once copied, under its lock, so no
     /// decision through the old table is lost.
     fn rebuild(&mut self, keep_after: f64, now: f64, hasher: &DefaultHashBuilder) {
+        self.rebuild_keeping(keep_after, now, hasher, usize::MAX);
+    }
+
+    /// [`rebuild`](Self::rebuild), keeping at most `most` buckets not in debt.
+    fn rebuild_keeping(
+        &mut self,
+        keep_after: f64,
+        now: f64,
+        hasher: &DefaultHashBuilder,
+        most: usize,
+    ) {
         self.rebuild_at = now + SWEEP_EVERY_MS;
         self.locked_decisions = 0;
         let new = std::mem::take(&mut self.new);
@@ -620,6 +731,7 @@ impl Shard {
                 .filter(|e| e.full > keep_after)
                 .map(|e| (hash(hasher, e.key.as_bytes()), e)),
         );
+        evict(&mut kept, most);
         let in_table = kept.len().min(MAX_TABLE_LEN);
         let len = (in_table + in_table / 3 + 1).next_power_of_two();
         let mut index = vec![0_u32; len];
@@ -654,6 +766,35 @@ impl Shard {
             index: index.into(),
             buckets: buckets.into(),
         };
+    }
+}
+
+/// Forgets buckets until at most `most` remain, those that will be full soonest first, and never
+/// one in debt (a stored `t` below zero: it may have paid the debt off since, and is then kept a
+/// little longer than need be, the safe side).
+fn evict(kept: &mut Vec<(u64, Entry)>, most: usize) {
+    let excess = kept.len().saturating_sub(most);
+    if excess == 0 {
+        return;
+    }
+    let order = |e: &Entry| {
+        if e.state.t < 0.0 {
+            f64::INFINITY
+        } else {
+            e.full
+        }
+    };
+    // The `most` buckets full latest (or in debt) to the front, in linear time; the rest are the
+    // candidates, and of them only those not in debt go.
+    kept.select_nth_unstable_by(most, |a, b| order(&b.1).total_cmp(&order(&a.1)));
+    let mut at = most;
+    while let Some((_, e)) = kept.get(at) {
+        if e.state.t >= 0.0 {
+            // Brings the last candidate here, to be looked at next.
+            kept.swap_remove(at);
+        } else {
+            at += 1;
+        }
     }
 }
 
@@ -705,13 +846,13 @@ impl<C: Clock> BucketStore for MemoryStore<C> {
         // No check that the stored state is sound (`bucket::sound`), as the script makes: this
         // store holds only states its own arithmetic wrote, and both walks are bounded whatever
         // the state. Kept off the hot path, where it would cost a fifth of a decision.
-        let result = check_cost(&limit, cost).map(|cost_f| {
+        let result = check_cost(&limit, cost).and_then(|cost_f| {
             let max_wait = whole_ms(max_wait);
             let p = limit.params();
             let outcome = self.with_bucket(key, |state, now| {
                 bucket::evaluate(&p, state, now, cost_f, max_wait)
-            });
-            Decision::new(outcome, limit, cost)
+            })?;
+            Ok(Decision::new(outcome, limit, cost))
         });
         ready(result)
     }
@@ -723,7 +864,7 @@ impl<C: Clock> BucketStore for MemoryStore<C> {
     ) -> impl Future<Output = Result<Quota, StoreError>> + Send {
         let p = limit.params();
         let outcome = self.with_bucket(key, |state, now| (bucket::peek(&p, state, now), None));
-        ready(Ok(Quota::new(outcome, limit)))
+        ready(outcome.map(|outcome| Quota::new(outcome, limit)))
     }
 
     fn refund(
@@ -732,12 +873,12 @@ impl<C: Clock> BucketStore for MemoryStore<C> {
         limit: Limit,
         reservation: Reservation,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let result = check_cost(&limit, reservation.cost()).map(|cost| {
+        let result = check_cost(&limit, reservation.cost()).and_then(|cost| {
             let p = limit.params();
             let ready = reservation.ready_at_ms();
             self.with_bucket(key, |state, now| {
                 ((), bucket::refund(&p, state, now, cost, ready).1)
-            });
+            })
         });
         ready(result)
     }
@@ -750,10 +891,9 @@ impl<C: Clock> BucketStore for MemoryStore<C> {
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         let p = limit.params();
         let until = deadline_ms(until);
-        self.with_bucket(key, |state, now| {
+        ready(self.with_bucket(key, |state, now| {
             ((), Some(bucket::drain_until(&p, state, now, until)))
-        });
-        ready(Ok(()))
+        }))
     }
 }
 
@@ -1216,5 +1356,116 @@ mod tests {
             }
         }
         assert_eq!(admitted, [BURST; STORES]);
+    }
+
+    fn bounded(max: usize) -> (MemoryStore<ManualClock>, ManualClock) {
+        let clock = ManualClock::new(START);
+        let max = NonZeroUsize::new(max).expect("a bound above zero");
+        (MemoryStore::bounded(max, clock.clone()), clock)
+    }
+
+    fn five_per_hour() -> Limit {
+        Limit::per_hour(5)
+            .and_then(|l| l.with_burst(5))
+            .expect("a valid limit")
+    }
+
+    #[test]
+    fn a_flood_of_made_up_keys_grows_memory_without_bound() {
+        let (store, _) = bounded(1_000);
+        assert_eq!(store.max_buckets(), 1_008, "16 shards of 63");
+        let limit = five_per_hour();
+        for i in 0..50_000 {
+            let key = BucketKey::new("flood", format!("made-up-{i}")).expect("a valid key");
+            let d = now_or_never(store.acquire(&key, limit, 1, Duration::ZERO));
+            assert!(d.is_ok_and(|d| d.is_admitted()), "a new key is admitted");
+            if i % 1_000 == 999 {
+                assert!(store.len() <= store.max_buckets(), "{} held", store.len());
+            }
+        }
+        assert!(store.len() <= store.max_buckets(), "{} held", store.len());
+        assert!(
+            store.len() >= store.max_buckets() / 2,
+            "{} held",
+            store.len()
+        );
+    }
+
+    /// Keys that land in the same shard as `of`, other than it.
+    fn same_shard(store: &MemoryStore<ManualClock>, of: &BucketKey, n: usize) -> Vec<BucketKey> {
+        let shard = |k: &BucketKey| {
+            let hash = hash(&store.inner.hasher, k.as_str().as_bytes());
+            store.inner.shard_of(hash)
+        };
+        (0..)
+            .map(|i| BucketKey::new("flood", format!("k{i}")).expect("a valid key"))
+            .filter(|k| k != of && shard(k) == shard(of))
+            .take(n)
+            .collect()
+    }
+
+    #[test]
+    fn eviction_forgets_the_buckets_closest_to_full_and_never_one_in_debt() {
+        // 16 shards of 8 buckets each.
+        let (store, clock) = bounded(128);
+        let limit = five_per_hour();
+        let victim = BucketKey::new("login", "victim").expect("a valid key");
+        let keys = same_shard(&store, &victim, 40);
+        // The victim spends the whole burst, then books a sixth token 12 minutes out: in debt.
+        for _ in 0..5 {
+            let d = now_or_never(store.acquire(&victim, limit, 1, Duration::ZERO));
+            assert!(d.is_ok_and(|d| d.is_admitted()));
+        }
+        let booked = now_or_never(store.acquire(&victim, limit, 1, Duration::from_secs(3_600)));
+        assert!(booked.is_ok_and(|d| d.is_admitted() && d.wait() > Duration::ZERO));
+        // A heavy key spends four tokens; light keys spend one each, a minute later, so that the
+        // heavy key is far from full and the light ones close to it.
+        let heavy = &keys[0];
+        for _ in 0..4 {
+            let d = now_or_never(store.acquire(heavy, limit, 1, Duration::ZERO));
+            assert!(d.is_ok_and(|d| d.is_admitted()));
+        }
+        clock.advance(Duration::from_secs(60));
+        for key in &keys[1..] {
+            let d = now_or_never(store.acquire(key, limit, 1, Duration::ZERO));
+            assert!(d.is_ok_and(|d| d.is_admitted()));
+            assert!(store.len() <= store.max_buckets());
+        }
+        // The victim's debt and the heavy key's spending are remembered through every eviction.
+        let victim_now = now_or_never(store.peek(&victim, limit)).expect("peeks");
+        assert_eq!(victim_now.remaining(), 0);
+        assert!(victim_now.next_token_in() > Duration::from_secs(600));
+        let heavy_now = now_or_never(store.peek(heavy, limit)).expect("peeks");
+        assert_eq!(heavy_now.remaining(), 1, "the heavy key was kept");
+        // Forgotten light keys start full: they gained back the one token they had spent.
+        let forgotten = keys[1..]
+            .iter()
+            .filter(|k| now_or_never(store.peek(k, limit)).is_ok_and(|q| q.remaining() == 5))
+            .count();
+        assert!(forgotten >= 30, "{forgotten} of 39 light keys forgotten");
+    }
+
+    #[test]
+    fn a_shard_full_of_debt_refuses_a_new_key_and_forgets_nothing() {
+        let (store, _) = bounded(16);
+        let limit = five_per_hour();
+        let first = BucketKey::new("debt", "first").expect("a valid key");
+        let others = same_shard(&store, &first, 2);
+        // One bucket per shard: the first key, in debt, fills its shard.
+        let reserve = |key: &BucketKey| {
+            now_or_never(store.acquire(key, limit, 5, Duration::ZERO)).expect("decides");
+            now_or_never(store.acquire(key, limit, 1, Duration::from_secs(3_600)))
+        };
+        assert!(reserve(&first).is_ok_and(|d| d.is_admitted()));
+        let refused = now_or_never(store.acquire(&others[0], limit, 1, Duration::ZERO));
+        assert!(
+            matches!(refused, Err(StoreError::TooManyBuckets { max: 16 })),
+            "{refused:?}"
+        );
+        let drained = now_or_never(store.drain_until(&others[1], limit, SystemTime::now()));
+        assert!(matches!(drained, Err(StoreError::TooManyBuckets { .. })));
+        let kept = now_or_never(store.peek(&first, limit)).expect("peeks");
+        assert_eq!(kept.remaining(), 0, "the bucket in debt is kept");
+        assert!(kept.next_token_in() > Duration::from_secs(600));
     }
 }

@@ -348,6 +348,13 @@ pub enum StoreError {
         /// The bucket key's [`fingerprint`](crate::BucketKey::fingerprint), not the key itself.
         fingerprint: String,
     },
+    /// A [`MemoryStore`](crate::MemoryStore) at its bound of buckets met a new key, and every
+    /// bucket it could have forgotten to make room was in debt (reservations wait on it). The
+    /// call changed nothing.
+    TooManyBuckets {
+        /// The store's bound.
+        max: usize,
+    },
     /// The backend failed: connection lost or refused, or it answered something unexpected. The
     /// backend's own error is the [`source`](StdError::source).
     Backend(BackendError),
@@ -387,6 +394,10 @@ impl fmt::Display for StoreError {
             } => write!(
                 f,
                 "the store key of bucket {bucket:?}, key fingerprint {fingerprint}, holds a value no store could have written"
+            ),
+            Self::TooManyBuckets { max } => write!(
+                f,
+                "the store holds its most buckets ({max}), all in debt, and cannot take a new key"
             ),
             Self::Backend(e) => fmt::Display::fmt(e, f),
             Self::Timeout { after } => write!(f, "the store did not answer within {after:?}"),

@@ -1,0 +1,155 @@
+//! A flood of made-up keys against a bounded `MemoryStore`: how many buckets it holds, how much
+//! memory that takes, and how long a decision on a real key waits behind the table rebuilds the
+//! flood causes.
+//!
+//! One thread fills the store to its bound with made-up keys (as a header-keyed rule sees them
+//! under attack), then keeps sending new ones, which makes the store evict; meanwhile a second
+//! thread decides on a thousand real keys and records how long each decision took. Run it
+//! optimized, with the bound in buckets as the argument (default 2,000,000):
+//!
+//! ```text
+//! cargo run --release --example memory_flood -- 2000000
+//! ```
+
+use std::num::NonZeroUsize;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use burstgate::{BucketKey, BucketStore, Limit, MemoryStore, SystemClock};
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let bound: usize = match std::env::args().nth(1) {
+        Some(arg) => arg.parse()?,
+        None => 2_000_000,
+    };
+    let bound = NonZeroUsize::new(bound).ok_or("the bound must be above zero")?;
+    let store = MemoryStore::bounded(bound, SystemClock);
+    let limit = Limit::per_hour(5)?.with_burst(5)?;
+    let rss_before = rss_kib();
+    println!(
+        "bound {} buckets (store's own: {})",
+        bound,
+        store.max_buckets()
+    );
+
+    // Fill to the bound, timing each decision on a new key.
+    let started = Instant::now();
+    let mut fill = Latencies::default();
+    for i in 0..bound.get() {
+        let key = BucketKey::new("flood", format!("made-up-{i}"))?;
+        let t = Instant::now();
+        let _ = block_on(store.acquire(&key, limit, 1, Duration::ZERO))?;
+        fill.push(t.elapsed());
+    }
+    let held = store.len();
+    let rss = rss_kib().zip(rss_before).map(|(a, b)| a.saturating_sub(b));
+    println!(
+        "filled in {:.1} s: {held} buckets held, {} per bucket; new-key decisions: {}",
+        started.elapsed().as_secs_f64(),
+        rss.map_or("RSS unknown".into(), |kib| format!(
+            "{:.0} B RSS",
+            kib as f64 * 1024.0 / held as f64
+        )),
+        fill.summary()
+    );
+
+    // Real keys, known to the store before the flood goes on.
+    let real: Vec<BucketKey> = (0..1_000)
+        .map(|i| BucketKey::new("real", format!("user-{i}")))
+        .collect::<Result<_, _>>()?;
+    for key in &real {
+        let _ = block_on(store.acquire(key, limit, 1, Duration::ZERO))?;
+    }
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let decider = {
+        let store = store.clone();
+        let stop = Arc::clone(&stop);
+        thread::spawn(move || {
+            let mut seen = Latencies::default();
+            let mut errors = 0_u64;
+            while !stop.load(Ordering::Relaxed) {
+                for key in &real {
+                    let t = Instant::now();
+                    if block_on(store.peek(key, limit)).is_err() {
+                        errors += 1;
+                    }
+                    seen.push(t.elapsed());
+                }
+            }
+            (seen, errors)
+        })
+    };
+    let flood_started = Instant::now();
+    let mut flood = Latencies::default();
+    let mut most_held = 0;
+    let mut refused = 0_u64;
+    for i in 0..bound.get() {
+        let key = BucketKey::new("flood", format!("more-{i}"))?;
+        let t = Instant::now();
+        if block_on(store.acquire(&key, limit, 1, Duration::ZERO)).is_err() {
+            refused += 1;
+        }
+        flood.push(t.elapsed());
+        if i % 10_000 == 0 {
+            most_held = most_held.max(store.len());
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let (mut seen, errors) = decider.join().map_err(|_| "the deciding thread panicked")?;
+    most_held = most_held.max(store.len());
+    println!(
+        "flood of {} more keys in {:.1} s: at most {most_held} buckets held (bound {}), {refused} refused",
+        bound.get(),
+        flood_started.elapsed().as_secs_f64(),
+        store.max_buckets()
+    );
+    println!("  new-key decisions:  {}", flood.summary());
+    println!("  real-key decisions: {} ({errors} errors)", seen.summary());
+    Ok(())
+}
+
+/// Every `MemoryStore` future is ready at once.
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    use std::task::{Context, Poll, Waker};
+    let mut f = std::pin::pin!(f);
+    loop {
+        if let Poll::Ready(out) = f.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+            return out;
+        }
+    }
+}
+
+#[derive(Default)]
+struct Latencies(Vec<Duration>);
+
+impl Latencies {
+    fn push(&mut self, d: Duration) {
+        self.0.push(d);
+    }
+
+    fn summary(&mut self) -> String {
+        self.0.sort_unstable();
+        let at = |q: f64| {
+            let i = ((self.0.len() as f64 * q) as usize).min(self.0.len().saturating_sub(1));
+            self.0.get(i).copied().unwrap_or_default()
+        };
+        format!(
+            "{} calls, median {:?}, p99.9 {:?}, p99.99 {:?}, worst {:?}",
+            self.0.len(),
+            at(0.5),
+            at(0.999),
+            at(0.9999),
+            self.0.last().copied().unwrap_or_default()
+        )
+    }
+}
+
+/// The process's resident memory, from Linux's `/proc`.
+fn rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
