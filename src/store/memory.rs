@@ -27,8 +27,13 @@ const SHARDS_PER_THREAD: usize = 8;
 const MIN_SHARDS: usize = 16;
 
 /// How often, at most, a shard that new keys reach rebuilds its table, dropping buckets that have
-/// been full for [`GRACE_MS`] and taking in its new keys.
+/// been full for [`GRACE_MS`] and taking in its new keys: once a second, and half a millisecond
+/// less often per bucket it holds ([`SWEEP_MS_PER_BUCKET`]), so that a large store that sees a
+/// trickle of new keys does not copy all its buckets every second.
 const SWEEP_EVERY_MS: f64 = 1_000.0;
+
+/// See [`SWEEP_EVERY_MS`]: a shard of 8,192 buckets sweeps every four seconds or so.
+const SWEEP_MS_PER_BUCKET: f64 = 0.5;
 
 /// How long a bucket stays after it is full again before a shard's own rebuild drops it. A key
 /// decided every few milliseconds at a rate far below its limit is full after each decision;
@@ -74,17 +79,18 @@ static NEXT_STORE: AtomicU64 = AtomicU64::new(1);
 ///
 /// Buckets are spread over shards (a power of two, 8 per thread the machine runs and at least
 /// 16). A key new to its shard waits in the shard's list of new keys, decided under the shard's
-/// lock, until the shard next rebuilds its table: at most a second later, or sooner when many
-/// new keys arrive.
+/// lock, until the shard next rebuilds its table: at most a second later in a small store (a
+/// few seconds in a large one), or sooner when many new keys arrive or the key is decided often.
 ///
 /// # Memory
 ///
 /// A bucket that has refilled to full says nothing a missing one would not (a missing bucket is a
 /// full one), so it is dropped. A shard that new keys reach rebuilds its table at most once a
-/// second (sooner while its new keys pile up), and leaves out buckets that have been full for a
-/// second or more; [`sweep`](Self::sweep) rebuilds every shard at once and leaves out every
-/// full bucket. A million keys seen once therefore do not stay in memory longer than their refill
-/// time and a second, once traffic on new keys or a sweep reaches their shard.
+/// second, and half a millisecond less often per bucket it holds (every four seconds or so at
+/// 8,192 buckets; sooner while its new keys pile up), and leaves out buckets that have been full
+/// for a second or more; [`sweep`](Self::sweep) rebuilds every shard at once and leaves out
+/// every full bucket. A million keys seen once therefore do not stay in memory longer than their
+/// refill time and a few seconds, once traffic on new keys or a sweep reaches their shard.
 ///
 /// The store holds a bounded number of buckets: 1,048,576 unless built with
 /// [`bounded`](Self::bounded), spread evenly over the shards. A key new to a shard that holds its
@@ -676,8 +682,8 @@ impl Shard {
         self.rebuild_keeping(now, now, hasher, keep);
     }
 
-    /// Whether to rebuild the table before a decision under the lock: a second after the last
-    /// rebuild; once the new keys number half the table (and at least [`MIN_REBUILD_NEW`]); or
+    /// Whether to rebuild the table before a decision under the lock: once its sweep is due
+    /// ([`SWEEP_EVERY_MS`]); once the new keys number half the table (and at least [`MIN_REBUILD_NEW`]); or
     /// once the decisions under the lock since the last rebuild outnumber twice the buckets (and
     /// [`MIN_REBUILD_LOCKED`]), so that a key decided often while new moves to the lock-free
     /// path soon, and each such decision pays a constant share of the rebuild.
@@ -707,7 +713,8 @@ impl Shard {
         hasher: &DefaultHashBuilder,
         most: usize,
     ) {
-        self.rebuild_at = now + SWEEP_EVERY_MS;
+        let held = self.table.buckets.len() + self.new.len();
+        self.rebuild_at = now + SWEEP_EVERY_MS.max(held as f64 * SWEEP_MS_PER_BUCKET);
         self.locked_decisions = 0;
         let new = std::mem::take(&mut self.new);
         let mut kept: Vec<(u64, Entry)> = Vec::with_capacity(self.table.buckets.len() + new.len());
