@@ -91,6 +91,7 @@
 //! fingerprint of the key (never the raw key or header value), the tokens remaining and the wait.
 
 mod future;
+mod ip;
 #[allow(clippy::module_inception)] // the tower-http layout: layer.rs, service.rs, future.rs
 mod layer;
 mod response;
@@ -98,6 +99,7 @@ mod rule;
 mod service;
 
 pub use self::future::ResponseFuture;
+pub use self::ip::Ipv6Prefix;
 pub use self::layer::RateLimitLayer;
 pub use self::rule::{KeyExtractor, Rule};
 pub use self::service::RateLimit;

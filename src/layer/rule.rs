@@ -1,12 +1,12 @@
 //! Rules: which requests a limit applies to, whose bucket they draw from, and what they cost.
 
 use std::fmt;
-use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use http::request::Parts;
 use http::{HeaderName, HeaderValue};
 
+use super::ip::{IpText, Ipv6Prefix, peer_ip};
 use super::response;
 use crate::key::is_name;
 use crate::{BucketKey, InvalidKey, Limit};
@@ -110,7 +110,7 @@ type KeyFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
 
 #[derive(Clone)]
 enum Kind {
-    PeerIp,
+    PeerIp(Ipv6Prefix),
     Header(HeaderName),
     Global,
     Custom(KeyFn),
@@ -123,10 +123,54 @@ impl KeyExtractor {
     /// (insert either in a hyper `service_fn` from the accepted connection). A request without
     /// any is not limited by the rule, so check that your server provides one.
     ///
+    /// The key is the IPv4 address (`192.0.2.7`), or the IPv6 network the address is in, written
+    /// as the network and its length: all of `2001:db8:1:2::/64` shares one bucket by default,
+    /// since an IPv6 client can use any address of its `/64`. Choose another grouping with
+    /// [`with_ipv6_prefix`](Self::with_ipv6_prefix). An IPv4-mapped IPv6 address
+    /// (`::ffff:192.0.2.7`, as a dual-stack socket reports an IPv4 peer) is keyed as the IPv4
+    /// address. A store key percent-escapes the colons: in Redis the bucket of that network is
+    /// `<prefix>:v3:<bucket>:2001%3Adb8%3A1%3A2%3A%3A/64`.
+    ///
     /// Behind a proxy the peer is the proxy; use [`from_fn`](Self::from_fn) to read the header
     /// your proxy sets, since only you know which one to trust.
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    /// use std::net::SocketAddr;
+    /// use burstgate::{Limit, MemoryStore};
+    /// use burstgate::layer::{Ipv6Prefix, KeyExtractor, RateLimitLayer, Rule};
+    /// use http::{Request, Response, StatusCode};
+    /// use tower::{Layer, Service, ServiceExt};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let per_ip = Rule::new("per-ip", Limit::per_hour(1)?, KeyExtractor::peer_ip())?;
+    /// let mut svc = RateLimitLayer::new(MemoryStore::new())
+    ///     .rule(per_ip)
+    ///     .layer(tower::service_fn(|_req: Request<String>| async {
+    ///         Ok::<_, Infallible>(Response::new(String::new()))
+    ///     }));
+    /// let from = |peer: &str| -> Result<Request<String>, Box<dyn std::error::Error>> {
+    ///     let mut req = Request::new(String::new());
+    ///     req.extensions_mut().insert(SocketAddr::new(peer.parse()?, 443));
+    ///     Ok(req)
+    /// };
+    /// let res = svc.ready().await?.call(from("2001:db8:1:2::a")?).await?;
+    /// assert_eq!(res.status(), StatusCode::OK);
+    /// // Another address of the same /64 is the same client.
+    /// let res = svc.ready().await?.call(from("2001:db8:1:2::b")?).await?;
+    /// assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    ///
+    /// // One bucket per /56 instead.
+    /// let per_site = KeyExtractor::peer_ip().with_ipv6_prefix(Ipv6Prefix::Slash56);
+    /// assert_eq!(format!("{per_site:?}"), "KeyExtractor::PeerIp(/56)");
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn peer_ip() -> Self {
-        Self { kind: Kind::PeerIp }
+        Self {
+            kind: Kind::PeerIp(Ipv6Prefix::default()),
+        }
     }
 
     /// The value of header `name`, such as `x-api-key` or `authorization`. The value is hashed
@@ -152,11 +196,21 @@ impl KeyExtractor {
         }
     }
 
+    /// Groups IPv6 clients by `prefix` instead of the default `/64` (see [`Ipv6Prefix`]). Only
+    /// the address extractors have addresses to group; the others are returned as they are.
+    #[must_use]
+    pub fn with_ipv6_prefix(self, prefix: Ipv6Prefix) -> Self {
+        let kind = match self.kind {
+            Kind::PeerIp(_) => Kind::PeerIp(prefix),
+            other => other,
+        };
+        Self { kind }
+    }
+
     fn extract(&self, bucket: &str, parts: &Parts) -> Option<BucketKey> {
         match &self.kind {
-            Kind::PeerIp => {
-                let mut text = IpText::default();
-                text.write(peer_ip(parts)?);
+            Kind::PeerIp(prefix) => {
+                let text = IpText::key(peer_ip(parts)?, *prefix);
                 BucketKey::new(bucket, text.as_bytes()).ok()
             }
             Kind::Header(name) => {
@@ -169,87 +223,10 @@ impl KeyExtractor {
     }
 }
 
-fn peer_ip(parts: &Parts) -> Option<IpAddr> {
-    #[cfg(feature = "axum")]
-    if let Some(info) = parts
-        .extensions
-        .get::<axum::extract::ConnectInfo<SocketAddr>>()
-    {
-        return Some(info.0.ip());
-    }
-    if let Some(addr) = parts.extensions.get::<SocketAddr>() {
-        return Some(addr.ip());
-    }
-    parts.extensions.get::<IpAddr>().copied()
-}
-
-/// An IP address as `Display` writes it, on the stack: `to_string` would allocate a `String` per
-/// request only for the key to copy it.
-struct IpText {
-    buf: [u8; 48],
-    len: usize,
-}
-
-impl Default for IpText {
-    fn default() -> Self {
-        Self {
-            buf: [0; 48],
-            len: 0,
-        }
-    }
-}
-
-impl IpText {
-    fn write(&mut self, ip: IpAddr) {
-        match ip {
-            // The common case, by hand: four decimal octets joined by dots, as `Display` has it.
-            IpAddr::V4(v4) => {
-                for (i, octet) in v4.octets().into_iter().enumerate() {
-                    if i > 0 {
-                        self.push(b'.');
-                    }
-                    if octet >= 100 {
-                        self.push(b'0' + octet / 100);
-                    }
-                    if octet >= 10 {
-                        self.push(b'0' + octet / 10 % 10);
-                    }
-                    self.push(b'0' + octet % 10);
-                }
-            }
-            // The longest form, with an embedded IPv4 address, is 45 bytes: it always fits.
-            IpAddr::V6(v6) => {
-                let _ = fmt::Write::write_fmt(self, format_args!("{v6}"));
-            }
-        }
-    }
-
-    fn push(&mut self, byte: u8) {
-        if let Some(slot) = self.buf.get_mut(self.len) {
-            *slot = byte;
-            self.len += 1;
-        }
-    }
-
-    fn as_bytes(&self) -> &[u8] {
-        &self.buf[..self.len]
-    }
-}
-
-impl fmt::Write for IpText {
-    fn write_str(&mut self, s: &str) -> fmt::Result {
-        let end = self.len + s.len();
-        let room = self.buf.get_mut(self.len..end).ok_or(fmt::Error)?;
-        room.copy_from_slice(s.as_bytes());
-        self.len = end;
-        Ok(())
-    }
-}
-
 impl fmt::Debug for KeyExtractor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.kind {
-            Kind::PeerIp => f.write_str("KeyExtractor::PeerIp"),
+            Kind::PeerIp(prefix) => write!(f, "KeyExtractor::PeerIp(/{})", prefix.bits()),
             Kind::Header(name) => write!(f, "KeyExtractor::Header({name})"),
             Kind::Global => f.write_str("KeyExtractor::Global"),
             Kind::Custom(_) => f.write_str("KeyExtractor::Custom(Fn(&Parts) -> Option<String>)"),
@@ -259,6 +236,8 @@ impl fmt::Debug for KeyExtractor {
 
 #[cfg(test)]
 mod tests {
+    use std::net::SocketAddr;
+
     use super::*;
 
     fn parts(req: http::Request<()>) -> Parts {
@@ -316,29 +295,6 @@ mod tests {
             .plan(&parts(http::Request::new(())))
             .expect("applies");
         assert_eq!((key.as_str(), cost), ("path:/", 3));
-    }
-
-    #[test]
-    fn peer_ip_keys_spell_addresses_as_display_does() {
-        let mut addrs: Vec<IpAddr> = (0..=255u8)
-            .map(|b| IpAddr::from([b, 255 - b, b / 10, b % 100]))
-            .collect();
-        addrs.extend(
-            [
-                "::",
-                "::1",
-                "::ffff:10.0.0.7",
-                "2001:db8::8a2e:370:7334",
-                "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
-                "::ffff:255.255.255.255",
-            ]
-            .map(|s| s.parse::<IpAddr>().expect("a valid address")),
-        );
-        for ip in addrs {
-            let mut text = IpText::default();
-            text.write(ip);
-            assert_eq!(text.as_bytes(), ip.to_string().as_bytes());
-        }
     }
 
     #[test]
