@@ -3,14 +3,15 @@
 #![cfg(feature = "tower")]
 
 use std::convert::Infallible;
+use std::fmt::Write as _;
 use std::future::Future;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
-use burstgate::layer::{Ipv6Prefix, KeyExtractor, RateLimitLayer, Rule};
+use burstgate::layer::{Ipv6Prefix, KeyExtractor, MissingKey, RateLimitLayer, Rule};
 use burstgate::{BucketKey, BucketStore, Limit, MemoryStore, TokioClock};
-use http::{Request, Response, StatusCode};
+use http::{HeaderName, Request, Response, StatusCode};
 use tower::{Layer, Service, ServiceExt};
 
 type Req = Request<String>;
@@ -165,4 +166,174 @@ async fn an_ipv4_mapped_peer_shares_the_bucket_of_its_ipv4_address() {
     let bucket = BucketKey::new("per-ip", "192.0.2.7").expect("a valid key");
     let quota = store.peek(&bucket, five_per_hour()).await.expect("peeks");
     assert_eq!(quota.remaining(), 0);
+}
+
+/// The warnings logged while it is the thread's default subscriber, each as its fields.
+#[derive(Clone, Default)]
+struct Warnings(Arc<Mutex<Vec<String>>>);
+
+impl Warnings {
+    fn logged(&self) -> Vec<String> {
+        self.0.lock().expect("not poisoned").clone()
+    }
+}
+
+impl tracing::Subscriber for Warnings {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        if *event.metadata().level() == tracing::Level::WARN {
+            let mut fields = Fields::default();
+            event.record(&mut fields);
+            self.0.lock().expect("not poisoned").push(fields.0);
+        }
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+#[derive(Default)]
+struct Fields(String);
+
+impl tracing::field::Visit for Fields {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        let _ = write!(self.0, "{}={:?} ", field.name(), value);
+    }
+}
+
+const API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+
+/// A request with no peer address, no API key, and a secret the logs must not show.
+fn anonymous() -> Req {
+    Request::builder()
+        .uri("/orders?token=s3cret")
+        .header("authorization", "Bearer s3cret")
+        .body(String::new())
+        .expect("a valid request")
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_rule_that_finds_no_key_warns_once_instead_of_limiting_nothing_in_silence() {
+    let warnings = Warnings::default();
+    let _log = tracing::subscriber::set_default(warnings.clone());
+    let calls = Arc::new(AtomicUsize::new(0));
+    let one_per_minute = Limit::per_minute(1).expect("a valid limit");
+    let layer = RateLimitLayer::new(MemoryStore::with_clock(TokioClock::new()))
+        .rule(Rule::new("per-ip", one_per_minute, KeyExtractor::peer_ip()).expect("a valid rule"));
+    let mut svc = layer.layer(counting(&calls));
+    // Clones, as axum makes one per connection, share the rule and its warning.
+    let mut clone = svc.clone();
+    let mut another = layer.layer(counting(&calls));
+    for n in 0..100 {
+        let svc = match n % 3 {
+            0 => &mut svc,
+            1 => &mut clone,
+            _ => &mut another,
+        };
+        assert_eq!(call(svc, anonymous()).await.status(), StatusCode::OK);
+    }
+    // Passing is still the default (a rule's users may rely on it), but now it is said.
+    assert_eq!(calls.load(Ordering::SeqCst), 100);
+    let logged = warnings.logged();
+    assert_eq!(logged.len(), 1, "{logged:?}");
+    assert!(logged[0].contains("bucket=\"per-ip\""), "{logged:?}");
+    assert!(logged[0].contains("extractor=\"peer_ip\""), "{logged:?}");
+    assert!(!logged[0].contains("s3cret"), "{logged:?}");
+
+    // A header rule says it too, once, and never shows what the request carried.
+    let mut by_key = RateLimitLayer::new(MemoryStore::with_clock(TokioClock::new()))
+        .rule(Rule::new("per-key", one_per_minute, KeyExtractor::header(API_KEY)).expect("a rule"))
+        .layer(counting(&calls));
+    for _ in 0..10 {
+        let mut req = anonymous();
+        req.headers_mut()
+            .insert(API_KEY, http::HeaderValue::from_static(""));
+        assert_eq!(call(&mut by_key, req).await.status(), StatusCode::OK);
+    }
+    let logged = warnings.logged();
+    assert_eq!(logged.len(), 2, "{logged:?}");
+    assert!(logged[1].contains("bucket=\"per-key\""), "{logged:?}");
+    assert!(!logged[1].contains("s3cret"), "{logged:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn missing_key_pass_is_silent() {
+    let warnings = Warnings::default();
+    let _log = tracing::subscriber::set_default(warnings.clone());
+    let calls = Arc::new(AtomicUsize::new(0));
+    let rule = Rule::new("per-key", five_per_hour(), KeyExtractor::header(API_KEY))
+        .expect("a valid rule")
+        .on_missing_key(MissingKey::Pass);
+    let mut svc = RateLimitLayer::new(MemoryStore::with_clock(TokioClock::new()))
+        .rule(rule)
+        .layer(counting(&calls));
+    for _ in 0..10 {
+        assert_eq!(call(&mut svc, anonymous()).await.status(), StatusCode::OK);
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 10);
+    assert_eq!(warnings.logged(), Vec::<String>::new());
+}
+
+#[tokio::test(start_paused = true)]
+async fn missing_key_reject_answers_500_without_a_peer_address_and_400_without_the_header() {
+    let warnings = Warnings::default();
+    let _log = tracing::subscriber::set_default(warnings.clone());
+    let store = MemoryStore::with_clock(TokioClock::new());
+    let calls = Arc::new(AtomicUsize::new(0));
+    let global = Rule::new("global", five_per_hour(), KeyExtractor::global()).expect("a rule");
+    let per_ip = Rule::new("per-ip", five_per_hour(), KeyExtractor::peer_ip())
+        .expect("a valid rule")
+        .on_missing_key(MissingKey::Reject);
+    let mut svc = RateLimitLayer::new(store.clone())
+        .rule(global.clone())
+        .rule(per_ip)
+        .layer(counting(&calls));
+    for _ in 0..100 {
+        let res = call(&mut svc, anonymous()).await;
+        assert_eq!(res.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(res.body(), "rate limit rule found no client address\n");
+        assert!(!res.headers().contains_key("ratelimit"));
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    // A refused request took nothing, not even from the rule before.
+    let global_bucket = BucketKey::new("global", "global").expect("a valid key");
+    let quota = store
+        .peek(&global_bucket, five_per_hour())
+        .await
+        .expect("peeks");
+    assert_eq!(quota.remaining(), 5);
+    // With an address the rule limits as usual.
+    let peer: IpAddr = "192.0.2.7".parse().expect("an address");
+    let mut statuses = Vec::new();
+    for _ in 0..6 {
+        statuses.push(call(&mut svc, from(peer)).await.status().as_u16());
+    }
+    assert_eq!(statuses, [200, 200, 200, 200, 200, 429]);
+
+    let per_key = Rule::new("per-key", five_per_hour(), KeyExtractor::header(API_KEY))
+        .expect("a valid rule")
+        .on_missing_key(MissingKey::Reject);
+    let mut svc = RateLimitLayer::new(store)
+        .rule(per_key)
+        .layer(counting(&calls));
+    for _ in 0..10 {
+        let res = call(&mut svc, anonymous()).await;
+        assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(res.body(), "request has no rate limit key\n");
+    }
+    let mut keyed = anonymous();
+    keyed
+        .headers_mut()
+        .insert(API_KEY, http::HeaderValue::from_static("k1"));
+    assert_eq!(call(&mut svc, keyed).await.status(), StatusCode::OK);
+    // Once per rule.
+    let logged = warnings.logged();
+    assert_eq!(logged.len(), 2, "{logged:?}");
+    assert!(logged[0].contains("bucket=\"per-ip\"") && logged[1].contains("bucket=\"per-key\""));
 }

@@ -2,9 +2,10 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use http::request::Parts;
-use http::{HeaderName, HeaderValue};
+use http::{HeaderName, HeaderValue, StatusCode};
 
 use super::ip::{IpText, Ipv6Prefix, peer_ip};
 use super::response;
@@ -15,7 +16,8 @@ use crate::{BucketKey, InvalidKey, Limit};
 /// [`KeyExtractor`] that says whose bucket a request draws from, and the request's cost.
 ///
 /// A request passes a layer only if it passes every rule that applies to it; a rule applies when
-/// its extractor finds a key.
+/// its extractor finds a key. What a rule does with a request it finds no key for is
+/// [`on_missing_key`](Self::on_missing_key)'s choice.
 ///
 /// ```
 /// use burstgate::Limit;
@@ -38,6 +40,48 @@ pub struct Rule {
     cost: Option<CostFn>,
     /// This rule's item of `RateLimit-Policy`, which never changes.
     pub(crate) policy: HeaderValue,
+    /// `None` until the user chooses: pass, and say so once.
+    missing: Option<MissingKey>,
+    /// Whether the first request without a key was logged. Shared by the rule's clones (one
+    /// per service in axum), so a rule warns once, not once per connection.
+    warned: Arc<AtomicBool>,
+}
+
+/// What a [`Rule`] does with a request its extractor finds no key for, chosen with
+/// [`Rule::on_missing_key`].
+///
+/// Until one is chosen, such a request passes and the first one logs a `tracing` warning naming
+/// the rule: a rule that finds no key limits nothing, which for
+/// [`KeyExtractor::peer_ip`] on a server that does not provide the peer's address is a
+/// misconfiguration nobody would otherwise notice.
+///
+/// ```
+/// use burstgate::Limit;
+/// use burstgate::layer::{KeyExtractor, MissingKey, Rule};
+///
+/// // Anonymous requests are limited by another rule: let them through, and do not warn.
+/// let per_key = Rule::new(
+///     "per-key",
+///     Limit::per_second(10)?,
+///     KeyExtractor::header(http::HeaderName::from_static("x-api-key")),
+/// )?
+/// .on_missing_key(MissingKey::Pass);
+/// assert_eq!(per_key.missing_key(), Some(MissingKey::Pass));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum MissingKey {
+    /// The rule does not apply: the request goes on, unlimited by it, and nothing is logged.
+    /// For a rule meant for some requests only (a header some clients send, a
+    /// [`from_fn`](KeyExtractor::from_fn) that picks some paths).
+    Pass,
+    /// The request is answered at once, without reaching the service and without taking any
+    /// rule's tokens, and the first one logs a warning. The status says whose fault it is:
+    /// `500 Internal Server Error` for [`peer_ip`](KeyExtractor::peer_ip), whose address the
+    /// server provides, and `400 Bad Request` for [`header`](KeyExtractor::header) and
+    /// [`from_fn`](KeyExtractor::from_fn), whose key the request lacks.
+    Reject,
 }
 
 type CostFn = Arc<dyn Fn(&Parts) -> u32 + Send + Sync>;
@@ -58,7 +102,24 @@ impl Rule {
             key,
             cost: None,
             policy,
+            missing: None,
+            warned: Arc::new(AtomicBool::new(false)),
         })
+    }
+
+    /// What the rule does with a request its extractor finds no key for (see [`MissingKey`]).
+    /// Until this is called, such a request passes and the first one logs a warning.
+    #[must_use]
+    pub fn on_missing_key(self, missing: MissingKey) -> Self {
+        Self {
+            missing: Some(missing),
+            ..self
+        }
+    }
+
+    /// What [`on_missing_key`](Self::on_missing_key) chose, if it was called.
+    pub fn missing_key(&self) -> Option<MissingKey> {
+        self.missing
     }
 
     /// Prices each request: `cost` sees the request's head and returns the tokens it takes. A
@@ -81,12 +142,52 @@ impl Rule {
         self.limit
     }
 
-    /// The bucket and cost for a request, or `None` when the rule does not apply to it.
-    pub(crate) fn plan(&self, parts: &Parts) -> Option<(BucketKey, u32)> {
-        let key = self.key.extract(&self.bucket, parts)?;
-        let cost = self.cost.as_ref().map_or(1, |f| f(parts));
-        Some((key, cost))
+    /// What the rule makes of a request: its bucket and cost, or why it has none.
+    pub(crate) fn plan(&self, parts: &Parts) -> Plan {
+        if let Some(key) = self.key.extract(&self.bucket, parts) {
+            let cost = self.cost.as_ref().map_or(1, |f| f(parts));
+            return Plan::Apply(key, cost);
+        }
+        match self.missing {
+            Some(MissingKey::Pass) => Plan::Skip,
+            None => {
+                self.warn_once("requests without one are not limited by this rule");
+                Plan::Skip
+            }
+            Some(MissingKey::Reject) => {
+                self.warn_once("requests without one are refused");
+                tracing::debug!(bucket = self.bucket(), "no rate limit key; refused");
+                Plan::Refuse(self.key.missing_status())
+            }
+        }
     }
+
+    /// Logs the first request without a key: the rule and the kind of extractor, never anything
+    /// of the request.
+    fn warn_once(&self, outcome: &'static str) {
+        // A load first: after the first request this is read on every keyless one, and a read
+        // leaves the cache line shared.
+        if self.warned.load(Ordering::Relaxed) || self.warned.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        tracing::warn!(
+            bucket = self.bucket(),
+            extractor = self.key.name(),
+            hint = self.key.hint(),
+            outcome,
+            "rate limit rule found no key in a request"
+        );
+    }
+}
+
+/// What a rule makes of one request.
+pub(crate) enum Plan {
+    /// The rule applies: the bucket and the request's cost there.
+    Apply(BucketKey, u32),
+    /// The rule does not apply.
+    Skip,
+    /// The request has no key and the rule refuses it with this status.
+    Refuse(StatusCode),
 }
 
 impl fmt::Debug for Rule {
@@ -96,11 +197,13 @@ impl fmt::Debug for Rule {
             .field("limit", &self.limit)
             .field("key", &self.key)
             .field("cost", &self.cost.as_ref().map(|_| "Fn(&Parts) -> u32"))
+            .field("missing_key", &self.missing)
             .finish()
     }
 }
 
-/// Finds whose bucket a request draws from. `None` means the rule does not apply.
+/// Finds whose bucket a request draws from. A request it finds no key for is left to the rule's
+/// [`MissingKey`] choice.
 #[derive(Clone)]
 pub struct KeyExtractor {
     kind: Kind,
@@ -121,7 +224,8 @@ impl KeyExtractor {
     /// in order: axum's `ConnectInfo<SocketAddr>` (with the `axum` feature; serve the router with
     /// `into_make_service_with_connect_info::<SocketAddr>()`), a `SocketAddr`, and an `IpAddr`
     /// (insert either in a hyper `service_fn` from the accepted connection). A request without
-    /// any is not limited by the rule, so check that your server provides one.
+    /// any is not limited by the rule, and the first one logs a warning; make the rule refuse
+    /// such requests with `500` by [`Rule::on_missing_key`]`(`[`MissingKey::Reject`]`)`.
     ///
     /// The key is the IPv4 address (`192.0.2.7`), or the IPv6 network the address is in, written
     /// as the network and its length: all of `2001:db8:1:2::/64` shares one bucket by default,
@@ -175,7 +279,9 @@ impl KeyExtractor {
 
     /// The value of header `name`, such as `x-api-key` or `authorization`. The value is hashed
     /// (SHA-256) before it becomes part of a store key, and never logged. Requests without the
-    /// header, or with an empty one, are not limited by the rule.
+    /// header, or with an empty one, are not limited by the rule (the first one logs a warning
+    /// unless [`Rule::on_missing_key`] chose [`MissingKey::Pass`]; [`MissingKey::Reject`]
+    /// answers them `400`).
     pub fn header(name: HeaderName) -> Self {
         Self {
             kind: Kind::Header(name),
@@ -188,8 +294,10 @@ impl KeyExtractor {
     }
 
     /// Any function of the request's head. The key it returns is escaped, not hashed: hash
-    /// secrets yourself, or use [`header`](Self::header). `None` or an empty key means the rule
-    /// does not apply.
+    /// secrets yourself, or use [`header`](Self::header). `None` or an empty key is a missing
+    /// key: the rule does not apply, and logs a warning the first time unless
+    /// [`Rule::on_missing_key`] chose [`MissingKey::Pass`], as a rule meant for some requests
+    /// only should.
     pub fn from_fn(f: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static) -> Self {
         Self {
             kind: Kind::Custom(Arc::new(f)),
@@ -205,6 +313,38 @@ impl KeyExtractor {
             other => other,
         };
         Self { kind }
+    }
+
+    /// The status of a request refused for lacking a key: the server's fault when the server
+    /// provides the key, the request's otherwise.
+    fn missing_status(&self) -> StatusCode {
+        match self.kind {
+            Kind::PeerIp(_) | Kind::Global => StatusCode::INTERNAL_SERVER_ERROR,
+            Kind::Header(_) | Kind::Custom(_) => StatusCode::BAD_REQUEST,
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        match self.kind {
+            Kind::PeerIp(_) => "peer_ip",
+            Kind::Header(_) => "header",
+            Kind::Global => "global",
+            Kind::Custom(_) => "from_fn",
+        }
+    }
+
+    /// What to check when the rule finds no key.
+    fn hint(&self) -> &'static str {
+        match self.kind {
+            Kind::PeerIp(_) => {
+                "no peer address in the request's extensions: serve axum with \
+                 into_make_service_with_connect_info::<SocketAddr>() and the axum feature, or \
+                 insert a SocketAddr from the accepted connection"
+            }
+            Kind::Header(_) => "the request has no such header, or an empty one",
+            Kind::Global => "the rule's bucket name makes no key",
+            Kind::Custom(_) => "the function returned no key, or an empty one",
+        }
     }
 
     fn extract(&self, bucket: &str, parts: &Parts) -> Option<BucketKey> {
@@ -244,6 +384,15 @@ mod tests {
         req.into_parts().0
     }
 
+    impl Plan {
+        fn applied(self) -> Option<(BucketKey, u32)> {
+            match self {
+                Plan::Apply(key, cost) => Some((key, cost)),
+                Plan::Skip | Plan::Refuse(_) => None,
+            }
+        }
+    }
+
     #[test]
     fn extractors_find_their_keys_or_leave_the_rule_out() {
         let limit = Limit::per_second(1).expect("a valid limit");
@@ -259,7 +408,7 @@ mod tests {
                 .body(())
                 .expect("a request"),
         );
-        let (key, cost) = header.plan(&with).expect("applies");
+        let (key, cost) = header.plan(&with).applied().expect("applies");
         assert!(key.as_str().starts_with("k:#") && !key.as_str().contains("sekrit"));
         assert_eq!(cost, 1);
         let empty = parts(
@@ -268,21 +417,34 @@ mod tests {
                 .body(())
                 .expect("a request"),
         );
-        assert!(header.plan(&empty).is_none());
-        assert!(header.plan(&parts(http::Request::new(()))).is_none());
+        assert!(header.plan(&empty).applied().is_none());
+        assert!(
+            header
+                .plan(&parts(http::Request::new(())))
+                .applied()
+                .is_none()
+        );
 
         let ip = Rule::new("ip", limit, KeyExtractor::peer_ip()).expect("a valid rule");
         let mut req = http::Request::new(());
         req.extensions_mut()
             .insert(SocketAddr::from(([10, 0, 0, 7], 4242)));
         assert_eq!(
-            ip.plan(&parts(req)).map(|(k, _)| k.to_string()).as_deref(),
+            ip.plan(&parts(req))
+                .applied()
+                .map(|(k, _)| k.to_string())
+                .as_deref(),
             Some("ip:10.0.0.7")
         );
-        assert!(ip.plan(&parts(http::Request::new(()))).is_none());
+        assert!(ip.plan(&parts(http::Request::new(()))).applied().is_none());
 
         let global = Rule::new("all", limit, KeyExtractor::global()).expect("a valid rule");
-        assert!(global.plan(&parts(http::Request::new(()))).is_some());
+        assert!(
+            global
+                .plan(&parts(http::Request::new(())))
+                .applied()
+                .is_some()
+        );
 
         let custom = Rule::new(
             "path",
@@ -293,8 +455,34 @@ mod tests {
         .with_cost(|_| 3);
         let (key, cost) = custom
             .plan(&parts(http::Request::new(())))
+            .applied()
             .expect("applies");
         assert_eq!((key.as_str(), cost), ("path:/", 3));
+    }
+
+    #[test]
+    fn a_missing_key_is_refused_with_the_status_of_whose_fault_it_is() {
+        let limit = Limit::per_second(1).expect("a valid limit");
+        let refuse = |key| {
+            let rule = Rule::new("r", limit, key)
+                .expect("a valid rule")
+                .on_missing_key(MissingKey::Reject);
+            match rule.plan(&parts(http::Request::new(()))) {
+                Plan::Refuse(status) => Some(status),
+                Plan::Apply(..) | Plan::Skip => None,
+            }
+        };
+        assert_eq!(
+            refuse(KeyExtractor::peer_ip()),
+            Some(StatusCode::INTERNAL_SERVER_ERROR)
+        );
+        let header = KeyExtractor::header(HeaderName::from_static("x-api-key"));
+        assert_eq!(refuse(header), Some(StatusCode::BAD_REQUEST));
+        assert_eq!(
+            refuse(KeyExtractor::from_fn(|_| None)),
+            Some(StatusCode::BAD_REQUEST)
+        );
+        assert_eq!(refuse(KeyExtractor::global()), None);
     }
 
     #[test]
