@@ -9,7 +9,9 @@ use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use burstgate::layer::{Ipv6Prefix, KeyExtractor, MissingKey, RateLimitLayer, Rule};
+use burstgate::layer::{
+    ForwardedHeader, Ipv6Prefix, KeyExtractor, MissingKey, RateLimitLayer, Rule, TrustedProxies,
+};
 use burstgate::{BucketKey, BucketStore, Limit, MemoryStore, TokioClock};
 use http::{HeaderName, Request, Response, StatusCode};
 use tower::{Layer, Service, ServiceExt};
@@ -336,4 +338,181 @@ async fn missing_key_reject_answers_500_without_a_peer_address_and_400_without_t
     let logged = warnings.logged();
     assert_eq!(logged.len(), 2, "{logged:?}");
     assert!(logged[0].contains("bucket=\"per-ip\"") && logged[1].contains("bucket=\"per-key\""));
+}
+
+/// The load balancer's address, in the trusted 10.0.0.0/8; the client's proxy is 10.0.0.3.
+const LB: [u8; 4] = [10, 0, 0, 2];
+/// The client's real address, which its proxy appends.
+const CLIENT: &str = "198.51.100.20";
+
+fn behind_proxies(header: ForwardedHeader) -> KeyExtractor {
+    let proxies = TrustedProxies::new(["10.0.0.0/8", "fd00::/8"]).expect("valid networks");
+    KeyExtractor::client_ip(proxies.with_header(header))
+}
+
+/// A request from `peer` with `lines` of header `name`, each a separate field line.
+fn via(peer: IpAddr, name: &str, lines: &[&str]) -> Req {
+    let mut req = from(peer);
+    for line in lines {
+        let value = http::HeaderValue::from_str(line).expect("a valid header value");
+        req.headers_mut().append(
+            HeaderName::from_bytes(name.as_bytes()).expect("a name"),
+            value,
+        );
+    }
+    req
+}
+
+/// Sends `requests` through a layer with one "5 per hour" `client_ip` rule reading `header`;
+/// the number admitted and the store.
+async fn send_all(
+    header: ForwardedHeader,
+    requests: impl IntoIterator<Item = Req>,
+) -> (usize, MemoryStore<TokioClock>) {
+    let store = MemoryStore::with_clock(TokioClock::new());
+    let calls = Arc::new(AtomicUsize::new(0));
+    let mut svc = RateLimitLayer::new(store.clone())
+        .rule(per_ip(behind_proxies(header)))
+        .layer(counting(&calls));
+    for req in requests {
+        call(&mut svc, req).await;
+    }
+    (calls.load(Ordering::SeqCst), store)
+}
+
+async fn remaining(store: &MemoryStore<TokioClock>, key: &str) -> u32 {
+    let bucket = BucketKey::new("per-ip", key).expect("a valid key");
+    store
+        .peek(&bucket, five_per_hour())
+        .await
+        .expect("peeks")
+        .remaining()
+}
+
+#[tokio::test(start_paused = true)]
+async fn clients_behind_a_trusted_load_balancer_get_their_own_buckets_not_its_one() {
+    let lb = IpAddr::from(LB);
+    let clients = (0..20u8).map(|n| format!("198.51.100.{n}, 10.0.0.3"));
+    let requests: Vec<Req> = clients
+        .flat_map(|xff| (0..6).map(move |_| xff.clone()))
+        .map(|xff| via(lb, "x-forwarded-for", &[&xff]))
+        .collect();
+    let (admitted, store) = send_all(ForwardedHeader::XForwardedFor, requests).await;
+    assert_eq!(admitted, 100, "20 clients, 5 each");
+    assert_eq!(
+        remaining(&store, "10.0.0.2").await,
+        5,
+        "the balancer's own bucket is untouched"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_client_that_prepends_fake_addresses_to_x_forwarded_for_is_keyed_by_its_real_address() {
+    let lb = IpAddr::from(LB);
+    let mut requests = Vec::new();
+    for n in 0..100u32 {
+        let fake = format!("203.0.113.{}, 10.9.{}.1", n % 256, n % 7);
+        // The client's own header, and its proxy appending to it, in one line or in two.
+        if n % 2 == 0 {
+            requests.push(via(
+                lb,
+                "x-forwarded-for",
+                &[&format!("{fake}, {CLIENT}, 10.0.0.3")],
+            ));
+        } else {
+            requests.push(via(
+                lb,
+                "x-forwarded-for",
+                &[&fake, &format!("{CLIENT}, 10.0.0.3")],
+            ));
+        }
+    }
+    let (admitted, store) = send_all(ForwardedHeader::XForwardedFor, requests).await;
+    assert_eq!(admitted, 5);
+    assert_eq!(remaining(&store, CLIENT).await, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_client_that_sends_x_forwarded_for_directly_is_keyed_by_its_peer() {
+    let direct: IpAddr = CLIENT.parse().expect("an address");
+    let requests = (0..100u32).map(|n| {
+        // Spoofing a trusted hop too: the header is not read at all.
+        let xff = format!("203.0.113.{}, 10.0.0.3", n % 256);
+        via(direct, "x-forwarded-for", &[&xff])
+    });
+    let (admitted, store) = send_all(ForwardedHeader::XForwardedFor, requests).await;
+    assert_eq!(admitted, 5);
+    assert_eq!(remaining(&store, CLIENT).await, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unreadable_entry_keys_the_request_by_the_trusted_hop_that_wrote_it() {
+    let lb = IpAddr::from(LB);
+    // The client's garbage is left of its real address and never read.
+    let spoofed = (0..50u32).map(|n| {
+        let xff = format!("garbage-{n}, {CLIENT}, 10.0.0.3");
+        via(lb, "x-forwarded-for", &[&xff])
+    });
+    let (admitted, store) = send_all(ForwardedHeader::XForwardedFor, spoofed).await;
+    assert_eq!(admitted, 5);
+    assert_eq!(remaining(&store, CLIENT).await, 0);
+
+    // A proxy that could not name its peer: its requests share its bucket, whatever it wrote.
+    let unreadable = ["unknown", "", "not-an-ip", "10.0.0.3:", "[2001:db8::1"];
+    let requests = (0..50usize).map(|n| {
+        let xff = format!("{CLIENT}, {}, 10.0.0.3", unreadable[n % unreadable.len()]);
+        via(lb, "x-forwarded-for", &[&xff])
+    });
+    let (admitted, store) = send_all(ForwardedHeader::XForwardedFor, requests).await;
+    assert_eq!(admitted, 5);
+    assert_eq!(remaining(&store, "10.0.0.3").await, 0);
+    assert_eq!(remaining(&store, CLIENT).await, 5);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_from_inside_the_trusted_networks_is_keyed_by_its_farthest_hop() {
+    let lb = IpAddr::from(LB);
+    let requests = [
+        via(lb, "x-forwarded-for", &["10.1.1.1, 10.0.0.3"]),
+        via(lb, "x-forwarded-for", &["10.1.1.1", "10.0.0.3"]),
+        // No header: the balancer itself (a health check).
+        from(lb),
+        // A dual-stack socket's IPv4-mapped peer is trusted as its IPv4 address.
+        via(
+            "::ffff:10.0.0.2".parse().expect("an address"),
+            "x-forwarded-for",
+            &["10.1.1.1"],
+        ),
+    ];
+    let (admitted, store) = send_all(ForwardedHeader::XForwardedFor, requests).await;
+    assert_eq!(admitted, 4);
+    assert_eq!(remaining(&store, "10.1.1.1").await, 2);
+    assert_eq!(remaining(&store, "10.0.0.2").await, 4);
+}
+
+#[tokio::test(start_paused = true)]
+async fn forwarded_with_quoted_ipv6_clients_is_read_and_grouped_by_slash64() {
+    let lb = IpAddr::from(LB);
+    let requests = (0..1_000u64).map(|n| {
+        let client = in_slash64(NET, n);
+        // The client prepends an element of its own and an X-Forwarded-For, both ignored.
+        let line = format!(
+            r#"for="[2001:db8:9::{n:x}]", for="[{client}]:4711";proto=https;by=_lb, for=10.0.0.3"#
+        );
+        let mut req = via(lb, "forwarded", &[&line]);
+        req.headers_mut().insert(
+            "x-forwarded-for",
+            http::HeaderValue::from_static("203.0.113.1"),
+        );
+        req
+    });
+    let (admitted, store) = send_all(ForwardedHeader::Forwarded, requests).await;
+    assert_eq!(admitted, 5);
+    assert_eq!(remaining(&store, "2001:db8:1:2::/64").await, 0);
+
+    // An obfuscated identifier names no address: the proxy that wrote it is the key.
+    let requests = (0..10).map(|_| via(lb, "forwarded", &["for=_hidden, for=\"10.0.0.3:80\""]));
+    let (admitted, store) = send_all(ForwardedHeader::Forwarded, requests).await;
+    assert_eq!(admitted, 5);
+    assert_eq!(remaining(&store, "10.0.0.3").await, 0);
 }

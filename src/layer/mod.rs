@@ -99,6 +99,7 @@ mod future;
 mod ip;
 #[allow(clippy::module_inception)] // the tower-http layout: layer.rs, service.rs, future.rs
 mod layer;
+mod proxies;
 mod response;
 mod rule;
 mod service;
@@ -106,5 +107,6 @@ mod service;
 pub use self::future::ResponseFuture;
 pub use self::ip::Ipv6Prefix;
 pub use self::layer::RateLimitLayer;
+pub use self::proxies::{ForwardedHeader, InvalidProxy, TrustedProxies};
 pub use self::rule::{KeyExtractor, MissingKey, Rule};
 pub use self::service::RateLimit;

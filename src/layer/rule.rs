@@ -8,6 +8,7 @@ use http::request::Parts;
 use http::{HeaderName, HeaderValue, StatusCode};
 
 use super::ip::{IpText, Ipv6Prefix, peer_ip};
+use super::proxies::TrustedProxies;
 use super::response;
 use crate::key::is_name;
 use crate::{BucketKey, InvalidKey, Limit};
@@ -78,8 +79,8 @@ pub enum MissingKey {
     Pass,
     /// The request is answered at once, without reaching the service and without taking any
     /// rule's tokens, and the first one logs a warning. The status says whose fault it is:
-    /// `500 Internal Server Error` for [`peer_ip`](KeyExtractor::peer_ip), whose address the
-    /// server provides, and `400 Bad Request` for [`header`](KeyExtractor::header) and
+    /// `500 Internal Server Error` for [`peer_ip`](KeyExtractor::peer_ip) and
+    /// [`client_ip`](KeyExtractor::client_ip), whose address the server provides, and `400 Bad Request` for [`header`](KeyExtractor::header) and
     /// [`from_fn`](KeyExtractor::from_fn), whose key the request lacks.
     Reject,
 }
@@ -214,6 +215,7 @@ type KeyFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
 #[derive(Clone)]
 enum Kind {
     PeerIp(Ipv6Prefix),
+    ClientIp(TrustedProxies, Ipv6Prefix),
     Header(HeaderName),
     Global,
     Custom(KeyFn),
@@ -235,8 +237,8 @@ impl KeyExtractor {
     /// address. A store key percent-escapes the colons: in Redis the bucket of that network is
     /// `<prefix>:v3:<bucket>:2001%3Adb8%3A1%3A2%3A%3A/64`.
     ///
-    /// Behind a proxy the peer is the proxy; use [`from_fn`](Self::from_fn) to read the header
-    /// your proxy sets, since only you know which one to trust.
+    /// Behind a proxy the peer is the proxy, and every client would share its bucket: use
+    /// [`client_ip`](Self::client_ip).
     ///
     /// ```
     /// use std::convert::Infallible;
@@ -277,6 +279,30 @@ impl KeyExtractor {
         }
     }
 
+    /// The client's IP address behind your proxies: the peer's address (found as
+    /// [`peer_ip`](Self::peer_ip) finds it) if it is not one of `proxies`, otherwise the nearest
+    /// untrusted address in the header they write (see [`TrustedProxies`] for the walk and what
+    /// an unreadable entry does). A client cannot choose its bucket by sending the header
+    /// itself. The key is formed and grouped as `peer_ip`'s (IPv6 by its `/64`, see
+    /// [`with_ipv6_prefix`](Self::with_ipv6_prefix)); a request without a peer address is a
+    /// missing key, refused with `500` under [`MissingKey::Reject`].
+    ///
+    /// ```
+    /// use burstgate::Limit;
+    /// use burstgate::layer::{KeyExtractor, Rule, TrustedProxies};
+    ///
+    /// // The load balancers' subnet; they append the client to X-Forwarded-For.
+    /// let proxies = TrustedProxies::new(["10.0.0.0/24"])?;
+    /// let per_client = Rule::new("per-ip", Limit::per_hour(100)?, KeyExtractor::client_ip(proxies))?;
+    /// assert_eq!(per_client.bucket(), "per-ip");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn client_ip(proxies: TrustedProxies) -> Self {
+        Self {
+            kind: Kind::ClientIp(proxies, Ipv6Prefix::default()),
+        }
+    }
+
     /// The value of header `name`, such as `x-api-key` or `authorization`. The value is hashed
     /// (SHA-256) before it becomes part of a store key, and never logged. Requests without the
     /// header, or with an empty one, are not limited by the rule (the first one logs a warning
@@ -310,6 +336,7 @@ impl KeyExtractor {
     pub fn with_ipv6_prefix(self, prefix: Ipv6Prefix) -> Self {
         let kind = match self.kind {
             Kind::PeerIp(_) => Kind::PeerIp(prefix),
+            Kind::ClientIp(proxies, _) => Kind::ClientIp(proxies, prefix),
             other => other,
         };
         Self { kind }
@@ -319,7 +346,9 @@ impl KeyExtractor {
     /// provides the key, the request's otherwise.
     fn missing_status(&self) -> StatusCode {
         match self.kind {
-            Kind::PeerIp(_) | Kind::Global => StatusCode::INTERNAL_SERVER_ERROR,
+            Kind::PeerIp(_) | Kind::ClientIp(..) | Kind::Global => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
             Kind::Header(_) | Kind::Custom(_) => StatusCode::BAD_REQUEST,
         }
     }
@@ -327,6 +356,7 @@ impl KeyExtractor {
     fn name(&self) -> &'static str {
         match self.kind {
             Kind::PeerIp(_) => "peer_ip",
+            Kind::ClientIp(..) => "client_ip",
             Kind::Header(_) => "header",
             Kind::Global => "global",
             Kind::Custom(_) => "from_fn",
@@ -336,7 +366,7 @@ impl KeyExtractor {
     /// What to check when the rule finds no key.
     fn hint(&self) -> &'static str {
         match self.kind {
-            Kind::PeerIp(_) => {
+            Kind::PeerIp(_) | Kind::ClientIp(..) => {
                 "no peer address in the request's extensions: serve axum with \
                  into_make_service_with_connect_info::<SocketAddr>() and the axum feature, or \
                  insert a SocketAddr from the accepted connection"
@@ -353,6 +383,11 @@ impl KeyExtractor {
                 let text = IpText::key(peer_ip(parts)?, *prefix);
                 BucketKey::new(bucket, text.as_bytes()).ok()
             }
+            Kind::ClientIp(proxies, prefix) => {
+                let client = proxies.client(peer_ip(parts)?, &parts.headers);
+                let text = IpText::key(client, *prefix);
+                BucketKey::new(bucket, text.as_bytes()).ok()
+            }
             Kind::Header(name) => {
                 let value = parts.headers.get(name)?;
                 BucketKey::hashed(bucket, value.as_bytes()).ok()
@@ -367,6 +402,9 @@ impl fmt::Debug for KeyExtractor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.kind {
             Kind::PeerIp(prefix) => write!(f, "KeyExtractor::PeerIp(/{})", prefix.bits()),
+            Kind::ClientIp(proxies, prefix) => {
+                write!(f, "KeyExtractor::ClientIp({proxies:?}, /{})", prefix.bits())
+            }
             Kind::Header(name) => write!(f, "KeyExtractor::Header({name})"),
             Kind::Global => f.write_str("KeyExtractor::Global"),
             Kind::Custom(_) => f.write_str("KeyExtractor::Custom(Fn(&Parts) -> Option<String>)"),
