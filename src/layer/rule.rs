@@ -80,7 +80,8 @@ pub enum MissingKey {
     /// The request is answered at once, without reaching the service and without taking any
     /// rule's tokens, and the first one logs a warning. The status says whose fault it is:
     /// `500 Internal Server Error` for [`peer_ip`](KeyExtractor::peer_ip) and
-    /// [`client_ip`](KeyExtractor::client_ip), whose address the server provides, and `400 Bad Request` for [`header`](KeyExtractor::header) and
+    /// [`client_ip`](KeyExtractor::client_ip), whose address the server provides, and
+    /// `400 Bad Request` for [`header`](KeyExtractor::header) and
     /// [`from_fn`](KeyExtractor::from_fn), whose key the request lacks.
     Reject,
 }
@@ -289,12 +290,14 @@ impl KeyExtractor {
     ///
     /// ```
     /// use burstgate::Limit;
-    /// use burstgate::layer::{KeyExtractor, Rule, TrustedProxies};
+    /// use burstgate::layer::{KeyExtractor, MissingKey, Rule, TrustedProxies};
     ///
     /// // The load balancers' subnet; they append the client to X-Forwarded-For.
     /// let proxies = TrustedProxies::new(["10.0.0.0/24"])?;
-    /// let per_client = Rule::new("per-ip", Limit::per_hour(100)?, KeyExtractor::client_ip(proxies))?;
-    /// assert_eq!(per_client.bucket(), "per-ip");
+    /// let client_ip = KeyExtractor::client_ip(proxies);
+    /// let per_client = Rule::new("per-ip", Limit::per_hour(100)?, client_ip)?
+    ///     .on_missing_key(MissingKey::Reject);
+    /// assert_eq!(per_client.missing_key(), Some(MissingKey::Reject));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn client_ip(proxies: TrustedProxies) -> Self {
