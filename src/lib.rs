@@ -193,7 +193,7 @@
 //! |-----------|---------|-----------------|
 //! | `redis`   | yes     | [`RedisStore`], on redis-rs with tokio. |
 //! | `tower`   | no      | The tower layer `RateLimitLayer` in [`layer`], for HTTP services (axum, hyper, tonic, tower-http clients). |
-//! | `axum`    | no      | Lets [`layer::KeyExtractor::peer_ip`] read axum's `ConnectInfo<SocketAddr>`; implies `tower`. |
+//! | `axum`    | no      | Lets [`layer::KeyExtractor::peer_ip`] and [`layer::KeyExtractor::client_ip`] read axum's `ConnectInfo<SocketAddr>`; implies `tower`. |
 //! | `reqwest` | no      | The reqwest-middleware `RateLimitMiddleware` in [`middleware`], for clients of rate-limited APIs. |
 //! | `quanta`  | no      | [`QuantaClock`], a cheaper clock for [`MemoryStore`], on the quanta crate's CPU counter. |
 //! | `tls`     | no      | `rediss://` URLs for [`RedisStore`], through redis-rs's own rustls support with the ring crypto provider; implies `redis`. |

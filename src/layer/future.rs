@@ -49,6 +49,10 @@ pin_project! {
             fut: S::Future,
             ratelimit: Option<(HeaderValue, HeaderValue)>,
         },
+        // Answered without a decision (a request no rule could key, refused).
+        Answered {
+            res: Option<S::Response>,
+        },
         Done,
     }
 }
@@ -85,6 +89,12 @@ where
                 inner: Some(inner),
                 req: Some(req),
             },
+        }
+    }
+
+    pub(crate) fn answer(res: S::Response) -> Self {
+        Self {
+            state: State::Answered { res: Some(res) },
         }
     }
 
@@ -176,6 +186,13 @@ where
                         res.headers_mut().insert(RATELIMIT_POLICY.clone(), policy);
                         res.headers_mut().insert(RATELIMIT.clone(), value);
                     }
+                    this.state.set(State::Done);
+                    return Poll::Ready(Ok(res));
+                }
+                StateProj::Answered { res } => {
+                    let Some(res) = res.take() else {
+                        panic!("{POLLED_AFTER_DONE}");
+                    };
                     this.state.set(State::Done);
                     return Poll::Ready(Ok(res));
                 }

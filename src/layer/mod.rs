@@ -62,6 +62,11 @@
 //!   debug level only, since the breaker logged the outage itself. A store whose
 //!   `OutagePolicy` admits or decides locally never reaches this. A cost
 //!   of zero or above a rule's burst: `500`, also logged.
+//! - No key: a rule whose extractor finds none does not apply, and its first such request logs
+//!   a warning naming the rule ([`KeyExtractor::peer_ip`] on a server that does not provide the
+//!   peer's address limits nothing). [`Rule::on_missing_key`] makes it pass silently, or refuse:
+//!   `500` when the server should have provided the key (the peer's address), `400` when the
+//!   request should have (a header, a [`KeyExtractor::from_fn`] key).
 //!
 //! Rejections are responses, not errors: the service's error type is the inner service's.
 //! Response bodies are built with `From<String>`, which axum's `Body`, `String` and
@@ -91,13 +96,17 @@
 //! fingerprint of the key (never the raw key or header value), the tokens remaining and the wait.
 
 mod future;
+mod ip;
 #[allow(clippy::module_inception)] // the tower-http layout: layer.rs, service.rs, future.rs
 mod layer;
+mod proxies;
 mod response;
 mod rule;
 mod service;
 
 pub use self::future::ResponseFuture;
+pub use self::ip::Ipv6Prefix;
 pub use self::layer::RateLimitLayer;
-pub use self::rule::{KeyExtractor, Rule};
+pub use self::proxies::{ForwardedHeader, InvalidProxy, TrustedProxies};
+pub use self::rule::{KeyExtractor, MissingKey, Rule};
 pub use self::service::RateLimit;

@@ -1,12 +1,14 @@
 //! Rules: which requests a limit applies to, whose bucket they draw from, and what they cost.
 
 use std::fmt;
-use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use http::request::Parts;
-use http::{HeaderName, HeaderValue};
+use http::{HeaderName, HeaderValue, StatusCode};
 
+use super::ip::{IpText, Ipv6Prefix, peer_ip};
+use super::proxies::TrustedProxies;
 use super::response;
 use crate::key::is_name;
 use crate::{BucketKey, InvalidKey, Limit};
@@ -15,7 +17,8 @@ use crate::{BucketKey, InvalidKey, Limit};
 /// [`KeyExtractor`] that says whose bucket a request draws from, and the request's cost.
 ///
 /// A request passes a layer only if it passes every rule that applies to it; a rule applies when
-/// its extractor finds a key.
+/// its extractor finds a key. What a rule does with a request it finds no key for is
+/// [`on_missing_key`](Self::on_missing_key)'s choice.
 ///
 /// ```
 /// use burstgate::Limit;
@@ -38,6 +41,49 @@ pub struct Rule {
     cost: Option<CostFn>,
     /// This rule's item of `RateLimit-Policy`, which never changes.
     pub(crate) policy: HeaderValue,
+    /// `None` until the user chooses: pass, and say so once.
+    missing: Option<MissingKey>,
+    /// Whether the first request without a key was logged. Shared by the rule's clones (one
+    /// per service in axum), so a rule warns once, not once per connection.
+    warned: Arc<AtomicBool>,
+}
+
+/// What a [`Rule`] does with a request its extractor finds no key for, chosen with
+/// [`Rule::on_missing_key`].
+///
+/// Until one is chosen, such a request passes and the first one logs a `tracing` warning naming
+/// the rule: a rule that finds no key limits nothing, which for
+/// [`KeyExtractor::peer_ip`] on a server that does not provide the peer's address is a
+/// misconfiguration nobody would otherwise notice.
+///
+/// ```
+/// use burstgate::Limit;
+/// use burstgate::layer::{KeyExtractor, MissingKey, Rule};
+///
+/// // Anonymous requests are limited by another rule: let them through, and do not warn.
+/// let per_key = Rule::new(
+///     "per-key",
+///     Limit::per_second(10)?,
+///     KeyExtractor::header(http::HeaderName::from_static("x-api-key")),
+/// )?
+/// .on_missing_key(MissingKey::Pass);
+/// assert_eq!(per_key.missing_key(), Some(MissingKey::Pass));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum MissingKey {
+    /// The rule does not apply: the request goes on, unlimited by it, and nothing is logged.
+    /// For a rule meant for some requests only (a header some clients send, a
+    /// [`from_fn`](KeyExtractor::from_fn) that picks some paths).
+    Pass,
+    /// The request is answered at once, without reaching the service and without taking any
+    /// rule's tokens, and the first one logs a warning. The status says whose fault it is:
+    /// `500 Internal Server Error` for [`peer_ip`](KeyExtractor::peer_ip) and
+    /// [`client_ip`](KeyExtractor::client_ip), whose address the server provides, and
+    /// `400 Bad Request` for [`header`](KeyExtractor::header) and
+    /// [`from_fn`](KeyExtractor::from_fn), whose key the request lacks.
+    Reject,
 }
 
 type CostFn = Arc<dyn Fn(&Parts) -> u32 + Send + Sync>;
@@ -58,7 +104,24 @@ impl Rule {
             key,
             cost: None,
             policy,
+            missing: None,
+            warned: Arc::new(AtomicBool::new(false)),
         })
+    }
+
+    /// What the rule does with a request its extractor finds no key for (see [`MissingKey`]).
+    /// Until this is called, such a request passes and the first one logs a warning.
+    #[must_use]
+    pub fn on_missing_key(self, missing: MissingKey) -> Self {
+        Self {
+            missing: Some(missing),
+            ..self
+        }
+    }
+
+    /// What [`on_missing_key`](Self::on_missing_key) chose, if it was called.
+    pub fn missing_key(&self) -> Option<MissingKey> {
+        self.missing
     }
 
     /// Prices each request: `cost` sees the request's head and returns the tokens it takes. A
@@ -81,12 +144,52 @@ impl Rule {
         self.limit
     }
 
-    /// The bucket and cost for a request, or `None` when the rule does not apply to it.
-    pub(crate) fn plan(&self, parts: &Parts) -> Option<(BucketKey, u32)> {
-        let key = self.key.extract(&self.bucket, parts)?;
-        let cost = self.cost.as_ref().map_or(1, |f| f(parts));
-        Some((key, cost))
+    /// What the rule makes of a request: its bucket and cost, or why it has none.
+    pub(crate) fn plan(&self, parts: &Parts) -> Plan {
+        if let Some(key) = self.key.extract(&self.bucket, parts) {
+            let cost = self.cost.as_ref().map_or(1, |f| f(parts));
+            return Plan::Apply(key, cost);
+        }
+        match self.missing {
+            Some(MissingKey::Pass) => Plan::Skip,
+            None => {
+                self.warn_once("requests without one are not limited by this rule");
+                Plan::Skip
+            }
+            Some(MissingKey::Reject) => {
+                self.warn_once("requests without one are refused");
+                tracing::debug!(bucket = self.bucket(), "no rate limit key; refused");
+                Plan::Refuse(self.key.missing_status())
+            }
+        }
     }
+
+    /// Logs the first request without a key: the rule and the kind of extractor, never anything
+    /// of the request.
+    fn warn_once(&self, outcome: &'static str) {
+        // A load first: after the first request this is read on every keyless one, and a read
+        // leaves the cache line shared.
+        if self.warned.load(Ordering::Relaxed) || self.warned.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        tracing::warn!(
+            bucket = self.bucket(),
+            extractor = self.key.name(),
+            hint = self.key.hint(),
+            outcome,
+            "rate limit rule found no key in a request"
+        );
+    }
+}
+
+/// What a rule makes of one request.
+pub(crate) enum Plan {
+    /// The rule applies: the bucket and the request's cost there.
+    Apply(BucketKey, u32),
+    /// The rule does not apply.
+    Skip,
+    /// The request has no key and the rule refuses it with this status.
+    Refuse(StatusCode),
 }
 
 impl fmt::Debug for Rule {
@@ -96,11 +199,13 @@ impl fmt::Debug for Rule {
             .field("limit", &self.limit)
             .field("key", &self.key)
             .field("cost", &self.cost.as_ref().map(|_| "Fn(&Parts) -> u32"))
+            .field("missing_key", &self.missing)
             .finish()
     }
 }
 
-/// Finds whose bucket a request draws from. `None` means the rule does not apply.
+/// Finds whose bucket a request draws from. A request it finds no key for is left to the rule's
+/// [`MissingKey`] choice.
 #[derive(Clone)]
 pub struct KeyExtractor {
     kind: Kind,
@@ -110,7 +215,8 @@ type KeyFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
 
 #[derive(Clone)]
 enum Kind {
-    PeerIp,
+    PeerIp(Ipv6Prefix),
+    ClientIp(TrustedProxies, Ipv6Prefix),
     Header(HeaderName),
     Global,
     Custom(KeyFn),
@@ -121,17 +227,90 @@ impl KeyExtractor {
     /// in order: axum's `ConnectInfo<SocketAddr>` (with the `axum` feature; serve the router with
     /// `into_make_service_with_connect_info::<SocketAddr>()`), a `SocketAddr`, and an `IpAddr`
     /// (insert either in a hyper `service_fn` from the accepted connection). A request without
-    /// any is not limited by the rule, so check that your server provides one.
+    /// any is not limited by the rule, and the first one logs a warning; make the rule refuse
+    /// such requests with `500` by [`Rule::on_missing_key`]`(`[`MissingKey::Reject`]`)`.
     ///
-    /// Behind a proxy the peer is the proxy; use [`from_fn`](Self::from_fn) to read the header
-    /// your proxy sets, since only you know which one to trust.
+    /// The key is the IPv4 address (`192.0.2.7`), or the IPv6 network the address is in, written
+    /// as the network and its length: all of `2001:db8:1:2::/64` shares one bucket by default,
+    /// since an IPv6 client can use any address of its `/64`. Choose another grouping with
+    /// [`with_ipv6_prefix`](Self::with_ipv6_prefix). An IPv4-mapped IPv6 address
+    /// (`::ffff:192.0.2.7`, as a dual-stack socket reports an IPv4 peer) is keyed as the IPv4
+    /// address. A store key percent-escapes the colons: in Redis the bucket of that network is
+    /// `<prefix>:v3:<bucket>:2001%3Adb8%3A1%3A2%3A%3A/64`.
+    ///
+    /// Behind a proxy the peer is the proxy, and every client would share its bucket: use
+    /// [`client_ip`](Self::client_ip).
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    /// use std::net::SocketAddr;
+    /// use burstgate::{Limit, MemoryStore};
+    /// use burstgate::layer::{Ipv6Prefix, KeyExtractor, RateLimitLayer, Rule};
+    /// use http::{Request, Response, StatusCode};
+    /// use tower::{Layer, Service, ServiceExt};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let per_ip = Rule::new("per-ip", Limit::per_hour(1)?, KeyExtractor::peer_ip())?;
+    /// let mut svc = RateLimitLayer::new(MemoryStore::new())
+    ///     .rule(per_ip)
+    ///     .layer(tower::service_fn(|_req: Request<String>| async {
+    ///         Ok::<_, Infallible>(Response::new(String::new()))
+    ///     }));
+    /// let from = |peer: &str| -> Result<Request<String>, Box<dyn std::error::Error>> {
+    ///     let mut req = Request::new(String::new());
+    ///     req.extensions_mut().insert(SocketAddr::new(peer.parse()?, 443));
+    ///     Ok(req)
+    /// };
+    /// let res = svc.ready().await?.call(from("2001:db8:1:2::a")?).await?;
+    /// assert_eq!(res.status(), StatusCode::OK);
+    /// // Another address of the same /64 is the same client.
+    /// let res = svc.ready().await?.call(from("2001:db8:1:2::b")?).await?;
+    /// assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    ///
+    /// // One bucket per /56 instead.
+    /// let per_site = KeyExtractor::peer_ip().with_ipv6_prefix(Ipv6Prefix::Slash56);
+    /// assert_eq!(format!("{per_site:?}"), "KeyExtractor::PeerIp(/56)");
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn peer_ip() -> Self {
-        Self { kind: Kind::PeerIp }
+        Self {
+            kind: Kind::PeerIp(Ipv6Prefix::default()),
+        }
+    }
+
+    /// The client's IP address behind your proxies: the peer's address (found as
+    /// [`peer_ip`](Self::peer_ip) finds it) if it is not one of `proxies`, otherwise the nearest
+    /// untrusted address in the header they write (see [`TrustedProxies`] for the walk and what
+    /// an unreadable entry does). A client cannot choose its bucket by sending the header
+    /// itself. The key is formed and grouped as `peer_ip`'s (IPv6 by its `/64`, see
+    /// [`with_ipv6_prefix`](Self::with_ipv6_prefix)); a request without a peer address is a
+    /// missing key, refused with `500` under [`MissingKey::Reject`].
+    ///
+    /// ```
+    /// use burstgate::Limit;
+    /// use burstgate::layer::{KeyExtractor, MissingKey, Rule, TrustedProxies};
+    ///
+    /// // The load balancers' subnet; they append the client to X-Forwarded-For.
+    /// let proxies = TrustedProxies::new(["10.0.0.0/24"])?;
+    /// let client_ip = KeyExtractor::client_ip(proxies);
+    /// let per_client = Rule::new("per-ip", Limit::per_hour(100)?, client_ip)?
+    ///     .on_missing_key(MissingKey::Reject);
+    /// assert_eq!(per_client.missing_key(), Some(MissingKey::Reject));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn client_ip(proxies: TrustedProxies) -> Self {
+        Self {
+            kind: Kind::ClientIp(proxies, Ipv6Prefix::default()),
+        }
     }
 
     /// The value of header `name`, such as `x-api-key` or `authorization`. The value is hashed
     /// (SHA-256) before it becomes part of a store key, and never logged. Requests without the
-    /// header, or with an empty one, are not limited by the rule.
+    /// header, or with an empty one, are not limited by the rule (the first one logs a warning
+    /// unless [`Rule::on_missing_key`] chose [`MissingKey::Pass`]; [`MissingKey::Reject`]
+    /// answers them `400`).
     pub fn header(name: HeaderName) -> Self {
         Self {
             kind: Kind::Header(name),
@@ -144,19 +323,72 @@ impl KeyExtractor {
     }
 
     /// Any function of the request's head. The key it returns is escaped, not hashed: hash
-    /// secrets yourself, or use [`header`](Self::header). `None` or an empty key means the rule
-    /// does not apply.
+    /// secrets yourself, or use [`header`](Self::header). `None` or an empty key is a missing
+    /// key: the rule does not apply, and logs a warning the first time unless
+    /// [`Rule::on_missing_key`] chose [`MissingKey::Pass`], as a rule meant for some requests
+    /// only should.
     pub fn from_fn(f: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static) -> Self {
         Self {
             kind: Kind::Custom(Arc::new(f)),
         }
     }
 
+    /// Groups IPv6 clients by `prefix` instead of the default `/64` (see [`Ipv6Prefix`]). Only
+    /// the address extractors have addresses to group; the others are returned as they are.
+    #[must_use]
+    pub fn with_ipv6_prefix(self, prefix: Ipv6Prefix) -> Self {
+        let kind = match self.kind {
+            Kind::PeerIp(_) => Kind::PeerIp(prefix),
+            Kind::ClientIp(proxies, _) => Kind::ClientIp(proxies, prefix),
+            other => other,
+        };
+        Self { kind }
+    }
+
+    /// The status of a request refused for lacking a key: the server's fault when the server
+    /// provides the key, the request's otherwise.
+    fn missing_status(&self) -> StatusCode {
+        match self.kind {
+            Kind::PeerIp(_) | Kind::ClientIp(..) | Kind::Global => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
+            Kind::Header(_) | Kind::Custom(_) => StatusCode::BAD_REQUEST,
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        match self.kind {
+            Kind::PeerIp(_) => "peer_ip",
+            Kind::ClientIp(..) => "client_ip",
+            Kind::Header(_) => "header",
+            Kind::Global => "global",
+            Kind::Custom(_) => "from_fn",
+        }
+    }
+
+    /// What to check when the rule finds no key.
+    fn hint(&self) -> &'static str {
+        match self.kind {
+            Kind::PeerIp(_) | Kind::ClientIp(..) => {
+                "no peer address in the request's extensions: serve axum with \
+                 into_make_service_with_connect_info::<SocketAddr>() and the axum feature, or \
+                 insert a SocketAddr from the accepted connection"
+            }
+            Kind::Header(_) => "the request has no such header, or an empty one",
+            Kind::Global => "the rule's bucket name makes no key",
+            Kind::Custom(_) => "the function returned no key, or an empty one",
+        }
+    }
+
     fn extract(&self, bucket: &str, parts: &Parts) -> Option<BucketKey> {
         match &self.kind {
-            Kind::PeerIp => {
-                let mut text = IpText::default();
-                text.write(peer_ip(parts)?);
+            Kind::PeerIp(prefix) => {
+                let text = IpText::key(peer_ip(parts)?, *prefix);
+                BucketKey::new(bucket, text.as_bytes()).ok()
+            }
+            Kind::ClientIp(proxies, prefix) => {
+                let client = proxies.client(peer_ip(parts)?, &parts.headers);
+                let text = IpText::key(client, *prefix);
                 BucketKey::new(bucket, text.as_bytes()).ok()
             }
             Kind::Header(name) => {
@@ -169,87 +401,13 @@ impl KeyExtractor {
     }
 }
 
-fn peer_ip(parts: &Parts) -> Option<IpAddr> {
-    #[cfg(feature = "axum")]
-    if let Some(info) = parts
-        .extensions
-        .get::<axum::extract::ConnectInfo<SocketAddr>>()
-    {
-        return Some(info.0.ip());
-    }
-    if let Some(addr) = parts.extensions.get::<SocketAddr>() {
-        return Some(addr.ip());
-    }
-    parts.extensions.get::<IpAddr>().copied()
-}
-
-/// An IP address as `Display` writes it, on the stack: `to_string` would allocate a `String` per
-/// request only for the key to copy it.
-struct IpText {
-    buf: [u8; 48],
-    len: usize,
-}
-
-impl Default for IpText {
-    fn default() -> Self {
-        Self {
-            buf: [0; 48],
-            len: 0,
-        }
-    }
-}
-
-impl IpText {
-    fn write(&mut self, ip: IpAddr) {
-        match ip {
-            // The common case, by hand: four decimal octets joined by dots, as `Display` has it.
-            IpAddr::V4(v4) => {
-                for (i, octet) in v4.octets().into_iter().enumerate() {
-                    if i > 0 {
-                        self.push(b'.');
-                    }
-                    if octet >= 100 {
-                        self.push(b'0' + octet / 100);
-                    }
-                    if octet >= 10 {
-                        self.push(b'0' + octet / 10 % 10);
-                    }
-                    self.push(b'0' + octet % 10);
-                }
-            }
-            // The longest form, with an embedded IPv4 address, is 45 bytes: it always fits.
-            IpAddr::V6(v6) => {
-                let _ = fmt::Write::write_fmt(self, format_args!("{v6}"));
-            }
-        }
-    }
-
-    fn push(&mut self, byte: u8) {
-        if let Some(slot) = self.buf.get_mut(self.len) {
-            *slot = byte;
-            self.len += 1;
-        }
-    }
-
-    fn as_bytes(&self) -> &[u8] {
-        &self.buf[..self.len]
-    }
-}
-
-impl fmt::Write for IpText {
-    fn write_str(&mut self, s: &str) -> fmt::Result {
-        let end = self.len + s.len();
-        let room = self.buf.get_mut(self.len..end).ok_or(fmt::Error)?;
-        room.copy_from_slice(s.as_bytes());
-        self.len = end;
-        Ok(())
-    }
-}
-
 impl fmt::Debug for KeyExtractor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.kind {
-            Kind::PeerIp => f.write_str("KeyExtractor::PeerIp"),
+            Kind::PeerIp(prefix) => write!(f, "KeyExtractor::PeerIp(/{})", prefix.bits()),
+            Kind::ClientIp(proxies, prefix) => {
+                write!(f, "KeyExtractor::ClientIp({proxies:?}, /{})", prefix.bits())
+            }
             Kind::Header(name) => write!(f, "KeyExtractor::Header({name})"),
             Kind::Global => f.write_str("KeyExtractor::Global"),
             Kind::Custom(_) => f.write_str("KeyExtractor::Custom(Fn(&Parts) -> Option<String>)"),
@@ -259,10 +417,21 @@ impl fmt::Debug for KeyExtractor {
 
 #[cfg(test)]
 mod tests {
+    use std::net::SocketAddr;
+
     use super::*;
 
     fn parts(req: http::Request<()>) -> Parts {
         req.into_parts().0
+    }
+
+    impl Plan {
+        fn applied(self) -> Option<(BucketKey, u32)> {
+            match self {
+                Plan::Apply(key, cost) => Some((key, cost)),
+                Plan::Skip | Plan::Refuse(_) => None,
+            }
+        }
     }
 
     #[test]
@@ -280,7 +449,7 @@ mod tests {
                 .body(())
                 .expect("a request"),
         );
-        let (key, cost) = header.plan(&with).expect("applies");
+        let (key, cost) = header.plan(&with).applied().expect("applies");
         assert!(key.as_str().starts_with("k:#") && !key.as_str().contains("sekrit"));
         assert_eq!(cost, 1);
         let empty = parts(
@@ -289,21 +458,34 @@ mod tests {
                 .body(())
                 .expect("a request"),
         );
-        assert!(header.plan(&empty).is_none());
-        assert!(header.plan(&parts(http::Request::new(()))).is_none());
+        assert!(header.plan(&empty).applied().is_none());
+        assert!(
+            header
+                .plan(&parts(http::Request::new(())))
+                .applied()
+                .is_none()
+        );
 
         let ip = Rule::new("ip", limit, KeyExtractor::peer_ip()).expect("a valid rule");
         let mut req = http::Request::new(());
         req.extensions_mut()
             .insert(SocketAddr::from(([10, 0, 0, 7], 4242)));
         assert_eq!(
-            ip.plan(&parts(req)).map(|(k, _)| k.to_string()).as_deref(),
+            ip.plan(&parts(req))
+                .applied()
+                .map(|(k, _)| k.to_string())
+                .as_deref(),
             Some("ip:10.0.0.7")
         );
-        assert!(ip.plan(&parts(http::Request::new(()))).is_none());
+        assert!(ip.plan(&parts(http::Request::new(()))).applied().is_none());
 
         let global = Rule::new("all", limit, KeyExtractor::global()).expect("a valid rule");
-        assert!(global.plan(&parts(http::Request::new(()))).is_some());
+        assert!(
+            global
+                .plan(&parts(http::Request::new(())))
+                .applied()
+                .is_some()
+        );
 
         let custom = Rule::new(
             "path",
@@ -314,31 +496,34 @@ mod tests {
         .with_cost(|_| 3);
         let (key, cost) = custom
             .plan(&parts(http::Request::new(())))
+            .applied()
             .expect("applies");
         assert_eq!((key.as_str(), cost), ("path:/", 3));
     }
 
     #[test]
-    fn peer_ip_keys_spell_addresses_as_display_does() {
-        let mut addrs: Vec<IpAddr> = (0..=255u8)
-            .map(|b| IpAddr::from([b, 255 - b, b / 10, b % 100]))
-            .collect();
-        addrs.extend(
-            [
-                "::",
-                "::1",
-                "::ffff:10.0.0.7",
-                "2001:db8::8a2e:370:7334",
-                "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
-                "::ffff:255.255.255.255",
-            ]
-            .map(|s| s.parse::<IpAddr>().expect("a valid address")),
+    fn a_missing_key_is_refused_with_the_status_of_whose_fault_it_is() {
+        let limit = Limit::per_second(1).expect("a valid limit");
+        let refuse = |key| {
+            let rule = Rule::new("r", limit, key)
+                .expect("a valid rule")
+                .on_missing_key(MissingKey::Reject);
+            match rule.plan(&parts(http::Request::new(()))) {
+                Plan::Refuse(status) => Some(status),
+                Plan::Apply(..) | Plan::Skip => None,
+            }
+        };
+        assert_eq!(
+            refuse(KeyExtractor::peer_ip()),
+            Some(StatusCode::INTERNAL_SERVER_ERROR)
         );
-        for ip in addrs {
-            let mut text = IpText::default();
-            text.write(ip);
-            assert_eq!(text.as_bytes(), ip.to_string().as_bytes());
-        }
+        let header = KeyExtractor::header(HeaderName::from_static("x-api-key"));
+        assert_eq!(refuse(header), Some(StatusCode::BAD_REQUEST));
+        assert_eq!(
+            refuse(KeyExtractor::from_fn(|_| None)),
+            Some(StatusCode::BAD_REQUEST)
+        );
+        assert_eq!(refuse(KeyExtractor::global()), None);
     }
 
     #[test]

@@ -10,6 +10,7 @@ use tower_service::Service;
 use super::future::ResponseFuture;
 use super::layer::Config;
 use super::response::{self, Item};
+use super::rule::Plan;
 use crate::store::RefundGuard;
 use crate::{BucketKey, BucketStore, Decision, RateLimited, StoreError};
 
@@ -41,8 +42,14 @@ where
         let (parts, body) = req.into_parts();
         let mut plan = Few::default();
         for (rule, r) in self.config.rules.iter().enumerate() {
-            if let Some((key, cost)) = r.plan(&parts) {
-                plan.push(Planned { rule, key, cost });
+            match r.plan(&parts) {
+                Plan::Apply(key, cost) => plan.push(Planned { rule, key, cost }),
+                Plan::Skip => {}
+                // Before any store call, so a refused request has taken no tokens. The inner
+                // service stays here, ready, for the next request.
+                Plan::Refuse(status) => {
+                    return ResponseFuture::answer(response::failure(status, missing_body(status)));
+                }
             }
         }
         let req = Request::from_parts(parts, body);
@@ -249,6 +256,15 @@ fn reject<St, B: From<String>>(
     let ratelimit = response::ratelimit(items);
     let limited = || RateLimited::new(retry, refusing.limit, refusing.bucket(), d.remaining());
     config.rejection.respond(retry, limited, policy, ratelimit)
+}
+
+/// The body of a refusal for a missing key: the request's fault or the server's.
+fn missing_body(status: http::StatusCode) -> &'static str {
+    if status.is_client_error() {
+        "request has no rate limit key"
+    } else {
+        "rate limit rule found no client address"
+    }
 }
 
 fn failure<B: From<String>>(bucket: &str, e: &StoreError) -> Response<B> {
