@@ -215,6 +215,19 @@
 //! explains how it decides (per request, in `call`), how several rules combine, and its waiting
 //! mode.
 //!
+//! # Security
+//!
+//! A reader of Redis sees bucket names, what each bucket has spent and when, and each key as it
+//! was stored: escaped in clear ([`BucketKey::new`], IP addresses, accounts), as a plain SHA-256
+//! that guesses can be tested against ([`BucketKey::hashed`], `KeyExtractor::header`, the
+//! middleware's `account_header` without a secret), or as an HMAC-SHA256 under your
+//! [`KeySecret`] that tells nothing without it ([`BucketKey::keyed`],
+//! `KeyExtractor::keyed_header`, `RateLimitMiddleware::key_secret`): use the keyed forms for
+//! anything secret. A reader of the logs sees bucket names, counts, waits and
+//! [`fingerprint`](BucketKey::fingerprint)s, keyed with a salt drawn once per process so that
+//! they cannot be reversed by trying keys; errors name keys the same way. A [`MemoryStore`]
+//! holds a bounded number of buckets, so a flood of made-up keys costs bounded memory.
+//!
 //! # When the store fails
 //!
 //! [`RedisStore`] bounds every call with a timeout, retries once what Redis refused before

@@ -180,3 +180,60 @@ mod middleware {
         assert!(!keys[0].contains("dXNl"), "{keys:?}");
     }
 }
+
+#[cfg(feature = "tower")]
+mod layer {
+    use super::*;
+
+    use std::convert::Infallible;
+
+    use burstgate::RateLimitLayer;
+    use burstgate::layer::{KeyExtractor, Rule};
+    use http::header::AUTHORIZATION;
+    use http::{Request, Response};
+    use tower::{Layer, Service, ServiceExt};
+
+    #[tokio::test]
+    async fn a_keyed_header_rule_stores_an_hmac_not_a_password_hash() {
+        let store = MemoryStore::new();
+        let rule = Rule::new(
+            "login",
+            per_minute(),
+            KeyExtractor::keyed_header(AUTHORIZATION, secret()),
+        )
+        .expect("a valid rule");
+        let mut svc = RateLimitLayer::new(store.clone())
+            .rule(rule)
+            .layer(tower::service_fn(|_req: Request<String>| async {
+                Ok::<_, Infallible>(Response::new(String::new()))
+            }));
+        let req = Request::builder()
+            .header(AUTHORIZATION, BASIC)
+            .body(String::new())
+            .expect("a valid request");
+        let res = svc
+            .ready()
+            .await
+            .expect("ready")
+            .call(req)
+            .await
+            .expect("answers");
+        assert_eq!(res.status(), 200);
+        let remaining = |key: BucketKey| {
+            let store = store.clone();
+            async move {
+                store
+                    .peek(&key, per_minute())
+                    .await
+                    .expect("peeks")
+                    .remaining()
+            }
+        };
+        let keyed = BucketKey::keyed("login", BASIC, &secret()).expect("a valid key");
+        let plain = BucketKey::hashed("login", BASIC).expect("a valid key");
+        assert_eq!(remaining(keyed).await, 4);
+        assert_eq!(remaining(plain).await, 5, "the plain hash is never written");
+        let shown = format!("{:?}", KeyExtractor::keyed_header(AUTHORIZATION, secret()));
+        assert_eq!(shown, "KeyExtractor::KeyedHeader(authorization)");
+    }
+}

@@ -11,7 +11,7 @@ use super::ip::{IpText, Ipv6Prefix, peer_ip};
 use super::proxies::TrustedProxies;
 use super::response;
 use crate::key::is_name;
-use crate::{BucketKey, InvalidKey, Limit};
+use crate::{BucketKey, InvalidKey, KeySecret, Limit};
 
 /// One limit of a [`RateLimitLayer`](super::RateLimitLayer): a bucket name, the [`Limit`], a
 /// [`KeyExtractor`] that says whose bucket a request draws from, and the request's cost.
@@ -217,7 +217,7 @@ type KeyFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
 enum Kind {
     PeerIp(Ipv6Prefix),
     ClientIp(TrustedProxies, Ipv6Prefix),
-    Header(HeaderName),
+    Header(HeaderName, Option<KeySecret>),
     Global,
     Custom(KeyFn),
 }
@@ -307,13 +307,43 @@ impl KeyExtractor {
     }
 
     /// The value of header `name`, such as `x-api-key` or `authorization`. The value is hashed
-    /// (SHA-256) before it becomes part of a store key, and never logged. Requests without the
-    /// header, or with an empty one, are not limited by the rule (the first one logs a warning
-    /// unless [`Rule::on_missing_key`] chose [`MissingKey::Pass`]; [`MissingKey::Reject`]
-    /// answers them `400`).
+    /// (a plain SHA-256) before it becomes part of a store key, and never logged. Requests
+    /// without the header, or with an empty one, are not limited by the rule (the first one logs
+    /// a warning unless [`Rule::on_missing_key`] chose [`MissingKey::Pass`];
+    /// [`MissingKey::Reject`] answers them `400`).
+    ///
+    /// A plain hash is what anyone who reads the store can compute from a guess: for a secret
+    /// (an API key, `Authorization: Basic`, whose value is a password), use
+    /// [`keyed_header`](Self::keyed_header).
     pub fn header(name: HeaderName) -> Self {
         Self {
-            kind: Kind::Header(name),
+            kind: Kind::Header(name, None),
+        }
+    }
+
+    /// Like [`header`](Self::header), but the value is stored as its HMAC-SHA256 under `secret`
+    /// ([`BucketKey::keyed`]): a reader of the store, or of a backup of it, can neither read
+    /// the value nor test guesses against it. Every process sharing the buckets must use the
+    /// same secret.
+    ///
+    /// ```
+    /// use burstgate::{KeySecret, Limit};
+    /// use burstgate::layer::{KeyExtractor, Rule};
+    /// use http::header::AUTHORIZATION;
+    ///
+    /// // From your secret store, never from the code.
+    /// let secret = KeySecret::new(b"32 random bytes from the vault..")?;
+    /// let per_login = Rule::new(
+    ///     "login",
+    ///     Limit::per_minute(5)?,
+    ///     KeyExtractor::keyed_header(AUTHORIZATION, secret),
+    /// )?;
+    /// # let _ = per_login;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn keyed_header(name: HeaderName, secret: KeySecret) -> Self {
+        Self {
+            kind: Kind::Header(name, Some(secret)),
         }
     }
 
@@ -352,7 +382,7 @@ impl KeyExtractor {
             Kind::PeerIp(_) | Kind::ClientIp(..) | Kind::Global => {
                 StatusCode::INTERNAL_SERVER_ERROR
             }
-            Kind::Header(_) | Kind::Custom(_) => StatusCode::BAD_REQUEST,
+            Kind::Header(..) | Kind::Custom(_) => StatusCode::BAD_REQUEST,
         }
     }
 
@@ -360,7 +390,7 @@ impl KeyExtractor {
         match self.kind {
             Kind::PeerIp(_) => "peer_ip",
             Kind::ClientIp(..) => "client_ip",
-            Kind::Header(_) => "header",
+            Kind::Header(..) => "header",
             Kind::Global => "global",
             Kind::Custom(_) => "from_fn",
         }
@@ -374,7 +404,7 @@ impl KeyExtractor {
                  into_make_service_with_connect_info::<SocketAddr>() and the axum feature, or \
                  insert a SocketAddr from the accepted connection"
             }
-            Kind::Header(_) => "the request has no such header, or an empty one",
+            Kind::Header(..) => "the request has no such header, or an empty one",
             Kind::Global => "the rule's bucket name makes no key",
             Kind::Custom(_) => "the function returned no key, or an empty one",
         }
@@ -391,9 +421,12 @@ impl KeyExtractor {
                 let text = IpText::key(client, *prefix);
                 BucketKey::new(bucket, text.as_bytes()).ok()
             }
-            Kind::Header(name) => {
+            Kind::Header(name, secret) => {
                 let value = parts.headers.get(name)?;
-                BucketKey::hashed(bucket, value.as_bytes()).ok()
+                match secret {
+                    Some(secret) => BucketKey::keyed(bucket, value.as_bytes(), secret).ok(),
+                    None => BucketKey::hashed(bucket, value.as_bytes()).ok(),
+                }
             }
             Kind::Global => BucketKey::new(bucket, "global").ok(),
             Kind::Custom(f) => BucketKey::new(bucket, f(parts)?).ok(),
@@ -408,7 +441,8 @@ impl fmt::Debug for KeyExtractor {
             Kind::ClientIp(proxies, prefix) => {
                 write!(f, "KeyExtractor::ClientIp({proxies:?}, /{})", prefix.bits())
             }
-            Kind::Header(name) => write!(f, "KeyExtractor::Header({name})"),
+            Kind::Header(name, None) => write!(f, "KeyExtractor::Header({name})"),
+            Kind::Header(name, Some(_)) => write!(f, "KeyExtractor::KeyedHeader({name})"),
             Kind::Global => f.write_str("KeyExtractor::Global"),
             Kind::Custom(_) => f.write_str("KeyExtractor::Custom(Fn(&Parts) -> Option<String>)"),
         }
