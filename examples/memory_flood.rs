@@ -2,8 +2,8 @@
 //! memory that takes, and how long a decision on a real key waits behind the table rebuilds the
 //! flood causes.
 //!
-//! One thread fills the store to its bound with made-up keys (as a header-keyed rule sees them
-//! under attack), then keeps sending new ones, which makes the store evict; meanwhile a second
+//! One thread fills the store to its bound with made-up keys, hashed as a header-keyed rule
+//! stores them (`KeyExtractor::header`: 64 hex digits, too long to sit inline in a bucket), then keeps sending new ones, which makes the store evict; meanwhile a second
 //! thread decides on a thousand real keys and records how long each decision took. Run it
 //! optimized, with the bound in buckets as the argument (default 2,000,000):
 //!
@@ -38,7 +38,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let started = Instant::now();
     let mut fill = Latencies::default();
     for i in 0..bound.get() {
-        let key = BucketKey::new("flood", format!("made-up-{i}"))?;
+        let key = BucketKey::hashed("flood", format!("made-up-{i}"))?;
         let t = Instant::now();
         let _ = block_on(store.acquire(&key, limit, 1, Duration::ZERO))?;
         fill.push(t.elapsed());
@@ -87,7 +87,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut most_held = 0;
     let mut refused = 0_u64;
     for i in 0..bound.get() {
-        let key = BucketKey::new("flood", format!("more-{i}"))?;
+        let key = BucketKey::hashed("flood", format!("more-{i}"))?;
         let t = Instant::now();
         if block_on(store.acquire(&key, limit, 1, Duration::ZERO)).is_err() {
             refused += 1;
@@ -113,7 +113,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cpu_before = cpu_seconds();
     let trickle_started = Instant::now();
     for i in 0..5_000 {
-        let key = BucketKey::new("flood", format!("trickle-{i}"))?;
+        let key = BucketKey::hashed("flood", format!("trickle-{i}"))?;
         let _ = block_on(store.acquire(&key, limit, 1, Duration::ZERO));
         thread::sleep(Duration::from_millis(1));
     }

@@ -352,11 +352,13 @@ thread_local! {
 const INLINE_LEN: usize = 30;
 
 /// A key as the table holds it: inline when short, which spares a decision the pointer chase
-/// (and a new key the allocation).
+/// (and a new key the allocation). A long key is shared, not owned: a rebuild copies every
+/// bucket it keeps into the new table while the old one lives on for threads still looking at
+/// it, and a copied `Box` would cost an allocation and a free per bucket per rebuild.
 #[derive(Clone)]
 enum Key {
     Inline { len: u8, bytes: [u8; INLINE_LEN] },
-    Heap(Box<str>),
+    Heap(Arc<str>),
 }
 
 impl Key {
