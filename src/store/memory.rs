@@ -50,8 +50,8 @@ const MIN_REBUILD_NEW: usize = 16;
 /// lock since it was made, or twice as many as it holds buckets, whichever is more.
 const MIN_REBUILD_LOCKED: usize = 64;
 
-/// The most buckets a store holds unless built with [`MemoryStore::bounded`]: at about 150 bytes
-/// each (the slot, its index entry, and the tables threads still refer to), some 150 MB.
+/// The most buckets a store holds unless built with [`MemoryStore::bounded`]: some 120 MB with
+/// short keys, 230 MB with hashed ones (see the type's docs).
 const DEFAULT_MAX_BUCKETS: usize = 1 << 20;
 
 /// How many buckets a shard should hold at most, which sets the shard count of a large store: a
@@ -101,8 +101,11 @@ static NEXT_STORE: AtomicU64 = AtomicU64::new(1);
 /// those with the least of that left. A bucket in debt (reservations wait on it, or a drain holds
 /// it empty) is never forgotten; a new key that finds its shard full of such buckets is refused
 /// with [`StoreError::TooManyBuckets`], and nothing is forgotten. A flood of made-up keys (a
-/// header-keyed rule under attack) therefore costs a bounded amount of memory, about 150 bytes
-/// a bucket, and over-admits only the keys it pushes out, each by less than its burst.
+/// header-keyed rule under attack) therefore costs a bounded amount of memory, and over-admits
+/// only the keys it pushes out, each by less than its burst. A bucket costs its 64-byte slot, a
+/// 4-byte index entry with room to spare, and, for a key longer than 30 bytes (a hashed key is
+/// the bucket name and 65 more), the key on the heap; `examples/memory_flood.rs` prints what a
+/// flood costs.
 ///
 /// Each thread that decides on a store keeps its own reference to each shard's table (for its
 /// last four stores), so that finding a table costs it no write to memory another thread uses.
