@@ -28,7 +28,7 @@
 //!   connection takes before it writes them, and so how many go to Redis in one write. The
 //!   default here is half of `--concurrency` (at least 1), which splits the tasks into two groups
 //!   that Redis and the client serve in turn; `--buffer 50` is redis-rs's own default, under
-//!   which all the tasks move as one group. See the README's "Redis speed".
+//!   which all the tasks move as one group. See "Redis speed" in docs/PERFORMANCE.md.
 //! - `--raw`: the same script and keys through redis-rs alone, with no store in between: what
 //!   the store adds on the client.
 //! - `--pipeline P`: the same script and keys the way `redis-benchmark -c C -P P` drives a

@@ -1,4 +1,4 @@
-//! The reference token-bucket arithmetic (SPEC §4).
+//! The reference token-bucket arithmetic (docs/DESIGN.md, "One arithmetic, two mirrors").
 //!
 //! Every store decides through these functions, and `store/bucket.lua` mirrors them operation for
 //! operation. The two must agree to the last bit, so the rules here are stricter than plain Rust
@@ -189,7 +189,8 @@ fn refill(p: &Params, elapsed: f64) -> f64 {
 /// The earliest time at which a bucket stored as `(t, ts)` holds at least `target` tokens: `ts`
 /// plus the least whole `e >= 0` with `t + refill(e) >= target`.
 // Always inlined: every admission walks to its refill time, and as a call of its own (which the
-// compiler chooses once the walks carry their bound) it costs a fifth of a MemoryStore decision.
+// compiler chooses once the walks carry their bound) it slows every MemoryStore decision
+// (docs/PERFORMANCE.md, "What a decision costs", has the figure).
 #[inline(always)]
 fn ready_at(p: &Params, t: f64, ts: f64, target: f64) -> f64 {
     if t >= target {

@@ -292,3 +292,8 @@ pub use store::{Breaker, OutagePolicy, RedisStore};
 #[doc = include_str!("../README.md")]
 #[cfg(all(doctest, feature = "redis", feature = "tower", feature = "reqwest"))]
 pub struct ReadmeDoctests;
+
+// The Rust examples of docs/OPERATIONS.md, compiled as doctests like the README's.
+#[doc = include_str!("../docs/OPERATIONS.md")]
+#[cfg(all(doctest, feature = "redis", feature = "tower"))]
+pub struct OperationsDoctests;

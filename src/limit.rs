@@ -151,7 +151,7 @@ impl Limit {
         Duration::from_millis(ms as u64)
     }
 
-    /// The default waiting ceiling for a request of `cost` (SPEC §6): two refill periods of one
+    /// The default waiting ceiling for a request of `cost`: two refill periods of one
     /// token per unit of cost, `2 × interval / tokens × cost`. For "1 per minute" and cost 1 that
     /// is two minutes.
     pub fn default_max_wait(&self, cost: u32) -> Duration {

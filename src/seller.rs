@@ -360,7 +360,7 @@ pub fn sales() -> Group {
     preset("sales", "/api/v1/supplier/sales", None, 1)
 }
 
-/// The four groups of the published table, in the order of §1: orders, warehouse-remains report
+/// The four groups of the published table, in its order: orders, warehouse-remains report
 /// creation, sales funnel v3, sales.
 pub fn groups() -> Vec<Group> {
     vec![

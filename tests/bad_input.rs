@@ -1,4 +1,4 @@
-//! Bad input, SPEC §7: each is either refused with a typed error or clamped as documented, and
+//! Bad input: each is either refused with a typed error or clamped as documented, and
 //! each test asserts which. The store cases run on `MemoryStore` and, with the `redis` feature, on
 //! `RedisStore` against a real Redis, since the Lua script must refuse and clamp exactly as the
 //! reference does.

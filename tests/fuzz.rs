@@ -313,7 +313,7 @@ fn run(limit: Limit, ops: &[Op]) -> Result<(), TestCaseError> {
         sent
     );
     // Across them, on the real time line, a clock that fell behind by up to `max_behind` may
-    // send early by that much: SPEC §4's skew allowance of `skew × rate`.
+    // send early by that much: the skew allowance of `skew × rate` (docs/OPERATIONS.md).
     let excess = worst_excess(&sent, limit, max_behind, |s| s.at_real, |_, _| true);
     prop_assert!(
         excess <= tolerance,

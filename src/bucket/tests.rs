@@ -465,7 +465,7 @@ proptest! {
     }
 }
 
-/// The refill as SPEC §4 and the Lua write it, with no shortcut: what [`refill`] and
+/// The refill as the reference formula and the Lua write it, with no shortcut: what [`refill`] and
 /// [`available`] must give, to the bit.
 fn plain_available(p: &Params, t: f64, elapsed: f64) -> f64 {
     min(p.capacity, t + elapsed * p.tokens / p.interval)

@@ -857,7 +857,8 @@ impl<C: Clock> BucketStore for MemoryStore<C> {
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
         // No check that the stored state is sound (`bucket::sound`), as the script makes: this
         // store holds only states its own arithmetic wrote, and both walks are bounded whatever
-        // the state. Kept off the hot path, where it would cost a fifth of a decision.
+        // the state. Kept off the hot path (what it would cost: docs/PERFORMANCE.md, "What a
+        // decision costs").
         let result = check_cost(&limit, cost).and_then(|cost_f| {
             let max_wait = whole_ms(max_wait);
             let p = limit.params();

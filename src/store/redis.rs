@@ -68,10 +68,9 @@ fn script() -> &'static redis::Script {
 ///
 /// A decision costs Redis one `GET`, and, when it admits (or refunds, or drains), one `SET` that
 /// writes the state with its expiry; a plain denial writes nothing. The
-/// raw bytes round-trip every `f64` exactly with no decimal formatting or parsing on either side.
-/// Against format 1 (a hash written with `HSET` and `PEXPIRE`, its fields as `%.17g` text) this
-/// cut the script's Redis CPU time (`INFO commandstats`, `usec_per_call` for `evalsha`) by about
-/// 30%, on admits and on denials alike; the README has the figures.
+/// raw bytes round-trip every `f64` exactly with no decimal formatting or parsing on either side,
+/// which also spares Redis the conversions a hash of `%.17g` text (format 1) costs it; the
+/// figures are in `docs/PERFORMANCE.md`, "Redis speed".
 ///
 /// # Keys
 ///
@@ -177,7 +176,7 @@ pub struct RedisStore<C, K = SystemClock> {
 }
 
 /// The pipeline buffer of [`RedisStore::connect`]'s connection: two groups at 16 tasks, which is
-/// where one group costs most (README, "Redis speed").
+/// where one group costs most (`docs/PERFORMANCE.md`, "Redis speed").
 const CONNECT_PIPELINE_BUFFER: usize = 8;
 
 /// Calls in flight to Redis at once, by default: see [`RedisStore::with_max_in_flight`].
@@ -196,9 +195,8 @@ impl RedisStore<redis::aio::ConnectionManager, SystemClock> {
     /// one go. Many tasks on one connection otherwise move as one group: Redis serves all their
     /// calls while the client waits, then the client turns all the answers into new calls while
     /// Redis waits. A buffer of about half the number of calls in flight splits them into two
-    /// groups that Redis and the client serve in turn; at 16 tasks on one connection that made
-    /// 1.4 to 1.6 times the decisions of a buffer of 50 (README, "Redis speed"). For a known
-    /// number of tasks, build the connection yourself with
+    /// groups that Redis and the client serve in turn (`docs/PERFORMANCE.md`, "Redis speed", has
+    /// the figures). For a known number of tasks, build the connection yourself with
     /// `set_pipeline_buffer_size(tasks / 2)` and hand it to [`new`](RedisStore::new).
     ///
     /// Fails when the URL is invalid or the first connection cannot be made.

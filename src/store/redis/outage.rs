@@ -44,9 +44,8 @@ pub enum OutagePolicy {
     /// decides again on a key this process admitted locally, Redis's bucket for it is emptied, as
     /// its refill during the outage was spent here. A key first used during an outage starts
     /// with its full share of the burst. So across any number of outages and recoveries a bucket
-    /// admits at most one budget plus one share of the burst (measured: 580 admitted against a
-    /// budget of 610 with Redis up a second and down a second for a minute, at 10 per second
-    /// with a burst of 10). The cost is on the safe side: emptying Redis's bucket after one
+    /// admits at most one budget plus one share of the burst (`docs/PERFORMANCE.md`, "When Redis
+    /// fails", has a measured run). The cost is on the safe side: emptying Redis's bucket after one
     /// process's outage takes from the others what Redis refilled meanwhile, and a refund goes
     /// only to the bucket that gave the tokens.
     Local {
