@@ -12,21 +12,26 @@
 //! ```
 //!
 //! The arguments are the hosts' offsets in milliseconds (default `-1 0 0 10`); `SECONDS` sets the
-//! length of the run (default 4).
+//! length of the run (default 20). With `SERVER_TIME=1` each host's clock is a `ServerClock` over
+//! its skewed clock, corrected every second by its offset from Redis's `TIME`.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use burstgate::{BucketKey, BucketStore, Clock, Limit, RedisStore, SystemClock};
+use burstgate::{BucketKey, BucketStore, Clock, Limit, RedisStore, ServerClock, SystemClock};
 
 /// The system clock, `.0` milliseconds off.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Skewed(i64);
 
 impl Clock for Skewed {
     fn now_ms(&self) -> u64 {
         SystemClock.now_ms().saturating_add_signed(self.0)
+    }
+
+    fn now_us(&self) -> u64 {
+        SystemClock.now_us().saturating_add_signed(self.0 * 1_000)
     }
 }
 
@@ -66,7 +71,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let seconds: u64 = std::env::var("SECONDS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(4);
+        .unwrap_or(20);
     let limit = Limit::per_second(20)?.with_burst(9)?;
     let prefix = format!("skew-fairness-{}", std::process::id());
     let key = Arc::new(BucketKey::new("fair", "seller")?);
@@ -82,9 +87,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let conn = redis::Client::open(url.as_str())?
             .get_multiplexed_async_connection()
             .await?;
+        let clock: Arc<dyn Clock> = if std::env::var_os("SERVER_TIME").is_some_and(|v| v == "1") {
+            let clock =
+                ServerClock::sync_with(conn.clone(), Skewed(offset), Duration::from_secs(1))
+                    .await?;
+            println!(
+                "host {offset:>+4} ms: measured offset {} us, round trip {:?}",
+                clock.offset_us(),
+                clock.round_trip()
+            );
+            Arc::new(clock)
+        } else {
+            Arc::new(Skewed(offset))
+        };
         let store = RedisStore::new(conn)
             .with_prefix(&prefix)?
-            .with_clock(Skewed(offset));
+            .with_clock(clock);
         for _ in 0..16 {
             let (store, key, upstream, sent) = (
                 store.clone(),

@@ -1,13 +1,20 @@
 //! Where buckets get the time from.
 //!
-//! Stores take `now` from a [`Clock`], never from Redis's `TIME`: tests can then be exact, and a
-//! script that writes after reading `TIME` would not be safe to replicate.
+//! Stores take `now` from a [`Clock`], never from Redis's `TIME` inside the script: tests can
+//! then be exact, and a script that writes after reading `TIME` would not be safe to replicate.
+//! A clock may still be corrected by its offset from Redis's, measured apart from any decision
+//! (`ServerClock`), so that hosts share one time.
 
 use std::cell::Cell;
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+#[cfg(feature = "redis")]
+mod server;
+#[cfg(feature = "redis")]
+pub use server::ServerClock;
 
 /// A source of wall time in whole milliseconds since the Unix epoch.
 ///
@@ -30,11 +37,21 @@ pub trait Clock: Send + Sync + 'static {
     fn now(&self) -> SystemTime {
         UNIX_EPOCH + Duration::from_millis(self.now_ms())
     }
+
+    /// Microseconds since the Unix epoch, for measuring against another clock (see
+    /// `ServerClock`); by default the milliseconds, times a thousand.
+    fn now_us(&self) -> u64 {
+        self.now_ms().saturating_mul(1_000)
+    }
 }
 
 impl<C: Clock + ?Sized> Clock for Arc<C> {
     fn now_ms(&self) -> u64 {
         (**self).now_ms()
+    }
+
+    fn now_us(&self) -> u64 {
+        (**self).now_us()
     }
 }
 
@@ -63,6 +80,13 @@ impl Clock for SystemClock {
             LAST_MILLISECOND.set((from, to, ms));
         }
         ms
+    }
+
+    fn now_us(&self) -> u64 {
+        let since = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or(Duration::ZERO);
+        u64::try_from(since.as_micros()).unwrap_or(u64::MAX)
     }
 }
 

@@ -167,6 +167,10 @@
 //!   time at its creation. Cheaper to read than [`SystemClock`], which shows on a
 //!   [`MemoryStore`]; it does not follow later steps of the wall clock, so it is for buckets kept
 //!   in one process only.
+//! - `ServerClock` (feature `redis`): the system clock corrected by its offset from Redis's,
+//!   measured with `TIME` apart from any decision, so that every host counts the same time. Use
+//!   it where many hosts contend for one bucket: otherwise the host whose clock runs ahead finds
+//!   each freed token first.
 //!
 //! ```
 //! use std::time::Duration;
@@ -270,6 +274,8 @@ mod store;
 #[cfg(feature = "quanta")]
 #[cfg_attr(docsrs, doc(cfg(feature = "quanta")))]
 pub use clock::QuantaClock;
+#[cfg(feature = "redis")]
+pub use clock::ServerClock;
 pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
 pub use error::RateLimited;
 pub use key::{BucketKey, InvalidKey, KeySecret};
