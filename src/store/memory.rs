@@ -508,6 +508,16 @@ impl<C: Clock> MemoryStore<C> {
         self.inner.shard_cap * self.inner.shards.len()
     }
 
+    /// The error of a new key that found its shard full of buckets in debt; out of line, so that
+    /// the hot path carries only the marker.
+    #[cold]
+    #[inline(never)]
+    fn too_many(&self) -> StoreError {
+        StoreError::TooManyBuckets {
+            max: self.max_buckets(),
+        }
+    }
+
     /// The number of buckets held (full buckets not yet swept included).
     pub fn len(&self) -> usize {
         self.inner
@@ -555,7 +565,7 @@ impl<C: Clock> MemoryStore<C> {
         &self,
         key: &BucketKey,
         f: impl FnOnce(Option<State>, u64) -> (T, Option<Write>),
-    ) -> Result<T, StoreError> {
+    ) -> Result<T, Full> {
         let id = key.as_str();
         let hasher = &self.inner.hasher;
         // One hash serves both the shard and the lookups inside it.
@@ -575,11 +585,7 @@ impl<C: Clock> MemoryStore<C> {
         });
         match (fast, f) {
             (Ok(Some(out)), _) => Ok(out),
-            (_, Some(f)) => self
-                .with_bucket_locked(index, hash, id, now_ms, f)
-                .map_err(|Full| StoreError::TooManyBuckets {
-                    max: self.max_buckets(),
-                }),
+            (_, Some(f)) => self.with_bucket_locked(index, hash, id, now_ms, f),
             // `f` is only taken once the bucket is held, and then decides.
             (_, None) => unreachable!("a decision's function was used and its result lost"),
         }
@@ -859,15 +865,21 @@ impl<C: Clock> BucketStore for MemoryStore<C> {
         // store holds only states its own arithmetic wrote, and both walks are bounded whatever
         // the state. Kept off the hot path (what it would cost: docs/PERFORMANCE.md, "What a
         // decision costs").
-        let result = check_cost(&limit, cost).and_then(|cost_f| {
+        let result = check_cost(&limit, cost).map(|cost_f| {
             let max_wait = whole_ms(max_wait);
             let p = limit.params();
             let outcome = self.with_bucket(key, |state, now| {
                 bucket::evaluate(&p, state, now, cost_f, max_wait)
-            })?;
-            Ok(Decision::new(outcome, limit, cost))
+            });
+            outcome.map(|outcome| Decision::new(outcome, limit, cost))
         });
-        ready(result)
+        // Two steps, the marker of a full shard turned into its error last: as one `and_then`,
+        // the decision stopped being inlined into the caller.
+        ready(match result {
+            Ok(Ok(decision)) => Ok(decision),
+            Ok(Err(Full)) => Err(self.too_many()),
+            Err(e) => Err(e),
+        })
     }
 
     fn peek(
@@ -877,7 +889,10 @@ impl<C: Clock> BucketStore for MemoryStore<C> {
     ) -> impl Future<Output = Result<Quota, StoreError>> + Send {
         let p = limit.params();
         let outcome = self.with_bucket(key, |state, now| (bucket::peek(&p, state, now), None));
-        ready(outcome.map(|outcome| Quota::new(outcome, limit)))
+        ready(match outcome {
+            Ok(outcome) => Ok(Quota::new(outcome, limit)),
+            Err(Full) => Err(self.too_many()),
+        })
     }
 
     fn refund(
@@ -892,6 +907,7 @@ impl<C: Clock> BucketStore for MemoryStore<C> {
             self.with_bucket(key, |state, now| {
                 ((), bucket::refund(&p, state, now, cost, ready).1)
             })
+            .map_err(|Full| self.too_many())
         });
         ready(result)
     }
@@ -904,9 +920,12 @@ impl<C: Clock> BucketStore for MemoryStore<C> {
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         let p = limit.params();
         let until = deadline_ms(until);
-        ready(self.with_bucket(key, |state, now| {
-            ((), Some(bucket::drain_until(&p, state, now, until)))
-        }))
+        ready(
+            self.with_bucket(key, |state, now| {
+                ((), Some(bucket::drain_until(&p, state, now, until)))
+            })
+            .map_err(|Full| self.too_many()),
+        )
     }
 }
 
