@@ -67,3 +67,49 @@ impl Halts {
         self.any.store(!map.is_empty(), Ordering::Release);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn len(halts: &Halts) -> usize {
+        halts
+            .map
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+
+    #[test]
+    fn a_full_table_forgets_ended_halts_first_then_the_one_ending_soonest() {
+        let halts = Halts::new();
+        assert_eq!(halts.get("a"), 0.0);
+        // Forgotten from 1,000 + i on: at 1,009, the first ten have ended.
+        for i in 0..MAX_HALTS {
+            let at = 500.0 + i as f64;
+            halts.set(&format!("k{i}"), at, at + 500.0, 0.0);
+        }
+        halts.set("new", 5_000.0, 9_000.0, 1_009.0);
+        assert_eq!(len(&halts), MAX_HALTS - 9);
+        assert_eq!(halts.get("k9"), 0.0);
+        assert_eq!(halts.get("k10"), 510.0);
+        assert_eq!(halts.get("new"), 5_000.0);
+        // Full again with none ended: the one that ends soonest makes room.
+        for j in 0..9 {
+            halts.set(&format!("f{j}"), 6_000.0, 9_000.0, 1_009.0);
+        }
+        assert_eq!(len(&halts), MAX_HALTS);
+        halts.set("newer", 6_000.0, 9_000.0, 1_009.0);
+        assert_eq!(len(&halts), MAX_HALTS);
+        assert_eq!(halts.get("k10"), 0.0);
+        assert_eq!(halts.get("k11"), 511.0);
+        assert_eq!(halts.get("newer"), 6_000.0);
+        // A halt of 0 forgets the key; with none left, a peek takes no lock.
+        let one = Halts::new();
+        one.set("a", 10.0, 20.0, 0.0);
+        assert!(one.any.load(Ordering::Acquire));
+        one.set("a", 0.0, 0.0, 0.0);
+        assert!(!one.any.load(Ordering::Acquire));
+        assert_eq!(one.get("a"), 0.0);
+    }
+}
