@@ -11,7 +11,9 @@ use reqwest_middleware::{Middleware, Next};
 use crate::clock::{Clock, SystemClock};
 use crate::key::is_name;
 use crate::store::{BackendError, RefundGuard};
-use crate::{BucketKey, BucketStore, Decision, InvalidKey, Limit, RateLimited, StoreError};
+use crate::{
+    BucketKey, BucketStore, Decision, InvalidKey, Limit, RateLimited, Reservation, StoreError,
+};
 
 /// The longest an upstream 429 may make every worker back off, unless set otherwise.
 const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(600);
@@ -53,9 +55,17 @@ const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(600);
 ///    bucket, and sends. Beyond it, the request is not sent: the middleware returns a
 ///    [`RateLimited`] error, the "local 429". Dropping the request future while it waits gives
 ///    the reservation back.
+///
+///    A request that waited asks the store once more, at its turn, whether an upstream 429
+///    drained the bucket past its slot meanwhile ([`Quota::halts`](crate::Quota::halts), from
+///    [`BucketStore::peek`]), in this process or any other. If so it does not send: it
+///    reserves again, behind the back-off, with what is left of its ceiling, or fails with the
+///    local 429 past it. That costs one more store call per request that waited, and none for
+///    a request sent at once. If that call fails, the request is sent, with a warning.
 /// 4. Reads the answer. A `429` from the upstream drains the shared bucket until the time the
 ///    upstream gave (`X-Ratelimit-Retry`, else `Retry-After`, in seconds or as an HTTP date), so
-///    that every worker in every process backs off, not only the one that was told; without such
+///    that every worker in every process backs off, not only the one that was told, and requests
+///    already waiting for their turns wait past it (step 3); without such
 ///    a header, for one token period. The bucket is drained so that its next token is ready at
 ///    the time the upstream gave; it never holds less than one token period, so a shorter
 ///    `Retry-After` still waits one period. A malformed value is ignored and an absurd one clamped to
@@ -243,6 +253,25 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
         })
     }
 
+    /// Whether a drain made while `reservation` waited ends past its slot (see
+    /// [`Quota::halts`](crate::Quota::halts)): one more store call, made only by requests that
+    /// waited. A store that cannot answer lets the request go, as it would have before the
+    /// check: the reservation was granted.
+    async fn halted(&self, key: &BucketKey, limit: Limit, reservation: &Reservation) -> bool {
+        match self.store.peek(key, limit).await {
+            Ok(quota) => quota.halts(reservation),
+            Err(e) => {
+                tracing::warn!(
+                    bucket = key.bucket(),
+                    key = %key.fingerprint(),
+                    error = %e,
+                    "could not check for an upstream back-off before sending; sending"
+                );
+                false
+            }
+        }
+    }
+
     /// Feeds the upstream's answer back into the shared bucket.
     async fn feedback(&self, key: &BucketKey, limit: Limit, res: &Response) {
         let status = res.status();
@@ -387,24 +416,31 @@ where
             .config
             .max_wait
             .unwrap_or_else(|| limit.default_max_wait(1));
-        let decision = self
-            .reserve(&key, limit, max_wait)
-            .await
-            .map_err(reqwest_middleware::Error::middleware)?;
-        if !decision.is_admitted() {
-            let retry = decision.retry_after().unwrap_or(Duration::ZERO);
-            tracing::debug!(
-                bucket = &*bucket,
-                key = %key.fingerprint(),
-                retry_ms = retry.as_millis() as u64,
-                "local 429: the wait would pass the ceiling"
-            );
-            let limited = RateLimited::new(retry, limit, &bucket, decision.remaining());
-            return Err(reqwest_middleware::Error::middleware(limited));
-        }
-        if let Some(reservation) = decision.reservation()
-            && !decision.wait().is_zero()
-        {
+        let started = tokio::time::Instant::now();
+        let mut ceiling = max_wait;
+        loop {
+            let decision = self
+                .reserve(&key, limit, ceiling)
+                .await
+                .map_err(reqwest_middleware::Error::middleware)?;
+            if !decision.is_admitted() {
+                let retry = decision.retry_after().unwrap_or(Duration::ZERO);
+                tracing::debug!(
+                    bucket = &*bucket,
+                    key = %key.fingerprint(),
+                    retry_ms = retry.as_millis() as u64,
+                    "local 429: the wait would pass the ceiling"
+                );
+                let limited = RateLimited::new(retry, limit, &bucket, decision.remaining());
+                return Err(reqwest_middleware::Error::middleware(limited));
+            }
+            // Admitted now: any drain is already in the bucket it was admitted from.
+            let Some(reservation) = decision
+                .reservation()
+                .filter(|_| !decision.wait().is_zero())
+            else {
+                break;
+            };
             let mut guard = RefundGuard::new(self.store.clone());
             guard.push(key.clone(), limit, reservation);
             tracing::debug!(
@@ -415,6 +451,18 @@ where
             );
             tokio::time::sleep(decision.wait()).await;
             guard.disarm();
+            if !self.halted(&key, limit, &reservation).await {
+                break;
+            }
+            // Queued again behind the back-off, within what is left of the ceiling; the first
+            // reservation's tokens stay spent.
+            ceiling = max_wait.saturating_sub(started.elapsed());
+            tracing::debug!(
+                bucket = &*bucket,
+                key = %key.fingerprint(),
+                ceiling_ms = ceiling.as_millis() as u64,
+                "an upstream back-off passed the reserved slot: queuing again"
+            );
         }
         let res = next.run(req, extensions).await?;
         self.feedback(&key, limit, &res).await;

@@ -1,5 +1,6 @@
-//! Header parsing and routing, and a fuzz of the back-off headers: bounded in CI, longer with
-//! `BURSTGATE_FUZZ_CASES`.
+//! Header parsing and routing, a fuzz of the back-off headers (bounded in CI, longer with
+//! `BURSTGATE_FUZZ_CASES`), and waiting requests meeting an upstream 429 on tokio's paused
+//! clock.
 
 use super::*;
 
@@ -489,5 +490,133 @@ proptest! {
         prop_assert_eq!(quota.remaining(), 0);
         prop_assert_eq!(quota.next_token_in(), expected, "told {:?}", told);
         prop_assert!(quota.next_token_in() <= max_backoff.max(period));
+    }
+}
+
+/// An upstream inside the process, the last middleware of the client: it answers the first
+/// request with a 429 "retry in 2 s" after `delay`, every other at once with a 200, and records
+/// when each request reached it, on tokio's clock.
+#[derive(Clone)]
+struct Upstream {
+    delay: Duration,
+    arrivals: Arc<std::sync::Mutex<Vec<(tokio::time::Instant, StatusCode)>>>,
+}
+
+#[async_trait::async_trait]
+impl Middleware for Upstream {
+    async fn handle(
+        &self,
+        _: Request,
+        _: &mut Extensions,
+        _: Next<'_>,
+    ) -> reqwest_middleware::Result<Response> {
+        let status = {
+            let mut arrivals = self
+                .arrivals
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let status = if arrivals.is_empty() {
+                StatusCode::TOO_MANY_REQUESTS
+            } else {
+                StatusCode::OK
+            };
+            arrivals.push((tokio::time::Instant::now(), status));
+            status
+        };
+        let mut answer = http::Response::new(Vec::<u8>::new());
+        *answer.status_mut() = status;
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            answer
+                .headers_mut()
+                .insert("x-ratelimit-retry", http::HeaderValue::from_static("2"));
+            tokio::time::sleep(self.delay).await;
+        }
+        Ok(Response::from(answer))
+    }
+}
+
+/// A client limited to one request per 400 ms (burst 1) on a `MemoryStore`, in front of an
+/// [`Upstream`] whose 429 comes back after 200 ms; the first request is sent, then `waiting`
+/// more, 10 ms later, which reserve the slots at 400, 800, ... ms. Returns each waiting
+/// request's result, and the upstream's log in ms from the start.
+async fn waiting_requests_meet_a_429(
+    waiting: usize,
+    max_wait: Duration,
+) -> (
+    Vec<Result<StatusCode, reqwest_middleware::Error>>,
+    Vec<(u64, StatusCode)>,
+) {
+    let clock = crate::TokioClock::new();
+    let store = MemoryStore::with_clock(clock);
+    let api = Limit::new(1, Duration::from_millis(400)).expect("a valid limit");
+    let upstream = Upstream {
+        delay: Duration::from_millis(200),
+        arrivals: Arc::default(),
+    };
+    let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+        .with(
+            RateLimitMiddleware::new(store)
+                .with_clock(clock)
+                .route(Route::new("api", api, "/orders").expect("a route"))
+                .max_wait(max_wait),
+        )
+        .with(upstream.clone())
+        .build();
+    let start = tokio::time::Instant::now();
+    let send = |client: reqwest_middleware::ClientWithMiddleware| async move {
+        client
+            .get("http://upstream.test/orders")
+            .with_extension(Account::new("seller-1"))
+            .send()
+            .await
+            .map(|r| r.status())
+    };
+    let first = tokio::spawn(send(client.clone()));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let calls: Vec<_> = (0..waiting)
+        .map(|_| tokio::spawn(send(client.clone())))
+        .collect();
+    let first = first.await.expect("the first request finishes");
+    assert_eq!(first.ok(), Some(StatusCode::TOO_MANY_REQUESTS));
+    let mut results = Vec::new();
+    for call in calls {
+        results.push(call.await.expect("a waiting request finishes"));
+    }
+    let log = upstream
+        .arrivals
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .iter()
+        .map(|(at, status)| ((*at - start).as_millis() as u64, *status))
+        .collect();
+    (results, log)
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_upstream_429_stops_reservations_granted_before_it_on_a_memory_store() {
+    let (results, log) = waiting_requests_meet_a_429(4, Duration::from_secs(10)).await;
+    for result in &results {
+        assert_eq!(result.as_ref().ok(), Some(&StatusCode::OK), "{result:?}");
+    }
+    // The 429 reached the upstream at 0 ms and came back at 200 ms, saying 2 s: nothing is
+    // sent before 2200 ms, and the four that were waiting go in their order from there, one
+    // token period apart. Before, they went at their first slots, 400 to 1600 ms.
+    let sent: Vec<u64> = log.iter().map(|(at, _)| *at).collect();
+    assert_eq!(sent, [0, 2_200, 2_600, 3_000, 3_400], "{log:?}");
+    assert_eq!(log[0].1, StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reservation_an_upstream_429_stops_past_its_ceiling_is_a_local_429() {
+    // A ceiling of 2 s: each first slot fits, none behind the back-off does.
+    let (results, log) = waiting_requests_meet_a_429(4, Duration::from_secs(2)).await;
+    assert_eq!(log.len(), 1, "only the first request was sent: {log:?}");
+    for result in results {
+        let Err(reqwest_middleware::Error::Middleware(e)) = result else {
+            panic!("expected the local 429, got {result:?}");
+        };
+        let limited = e.downcast_ref::<RateLimited>().expect("a RateLimited");
+        assert_eq!(limited.bucket(), "api");
+        assert!(limited.retry_after() > Duration::ZERO, "{limited:?}");
     }
 }
