@@ -430,16 +430,81 @@ pub(crate) fn refund(
 pub(crate) fn drain_until(p: &Params, state: Option<State>, now: u64, until: u64) -> Write {
     let now = time(now);
     let (_, avail, ts, _) = available(p, state, now);
+    write(p, min(avail, drain_floor(p, ts, until)), ts)
+}
+
+/// The debt a drain at `ts` until `until` leaves: what refills to zero at the deadline, taken as
+/// at most [`MAX_WAIT`] ahead; none for a deadline already past.
+fn drain_floor(p: &Params, ts: f64, until: u64) -> f64 {
     let mut until = time(until);
     if until > ts + MAX_WAIT as f64 {
         until = ts + MAX_WAIT as f64;
     }
-    let floor = if until > ts {
+    if until > ts {
         -((until - ts) * p.tokens / p.interval)
     } else {
         0.0
+    }
+}
+
+/// The bucket's halt as a call at `now` sees it, and as the call stores it if it writes: the
+/// time of the first token after the latest drain, before which no reservation may go. A
+/// reservation granted before a drain whose slot is earlier than the halt was drained past, and
+/// must be made again; every reservation granted after the drain has its slot at the halt or
+/// later, since the drain's debt is refilled by then and not before. `halt` is the stored one,
+/// 0 for none (and for a missing bucket); `drain` is the deadline of a drain made by this call.
+///
+/// - A drain sets the halt to its first token, `ready_at(floor, ts, 1)` from the debt it would
+///   leave on an empty queue, unless a later halt is stored already; a deadline already past
+///   still halts for one token period, as the drain still empties the bucket.
+/// - A halt is kept while it is less than the limit's lead bound behind the call's time: after
+///   that no waiting reservation can still be checking against it, and the stored value goes
+///   back to its short form.
+/// - A stored time moved back from a far lead takes its halt with it: the halt was set on the
+///   clock that ran ahead.
+pub(crate) fn halt(
+    p: &Params,
+    state: Option<State>,
+    halt: f64,
+    now: u64,
+    drain: Option<u64>,
+) -> f64 {
+    let now = time(now);
+    let (_, _, ts, clamped) = available(p, state, now);
+    let kept = if !clamped && halt + p.lead() > ts {
+        halt
+    } else {
+        0.0
     };
-    write(p, min(avail, floor), ts)
+    match drain {
+        Some(until) => {
+            // The deadline is at most the latest time, its first token may be just past it.
+            let first = min(
+                MAX_TIME as f64,
+                ready_at(p, drain_floor(p, ts, until), ts, 1.0),
+            );
+            max(kept, first)
+        }
+        None => kept,
+    }
+}
+
+/// Whether a reservation slotted at `slot` was drained past by the halt `halt` (both in ms on the
+/// stored timeline, 0 for no halt). A slot within a millisecond of the halt stands: a reservation
+/// granted after the drain, from a state rewritten since at a later time, can be slotted a
+/// millisecond before the halt by rounding, and must not be sent to the back of the queue for
+/// it. A reservation granted before the drain that is let through this way goes at most a
+/// millisecond early.
+pub(crate) fn halts(halt: u64, slot: u64) -> bool {
+    slot.saturating_add(1) < halt
+}
+
+/// Whether `halt` is a halt the arithmetic can have stored: 0 (none), or a whole time within
+/// range. Both mirrors refuse a stored value with any other.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) fn sound_halt(halt: f64) -> bool {
+    // NaN fails every comparison.
+    halt >= 0.0 && halt <= MAX_TIME as f64 && halt as i64 as f64 == halt
 }
 
 #[cfg(test)]

@@ -75,7 +75,8 @@
 //! - [`RedisStore`] (feature `redis`) keeps them in Redis, so every process that reaches the same
 //!   Redis spends the same budget. It works on a `MultiplexedConnection`, a reconnecting
 //!   `ConnectionManager` or a Redis Cluster connection. Each bucket is one 24-byte string, `t`,
-//!   `ts` and `keep` as three little-endian `f64`s, under the key `<prefix>:v3:<bucket>:<key>`
+//!   `ts` and `keep` as three little-endian `f64`s (32 bytes for a while after a drain, with the
+//!   drain's halt as a fourth), under the key `<prefix>:v3:<bucket>:<key>`
 //!   (prefix `burstgate` by default, `v3` the version of the stored format; `v1` and `v2` keys
 //!   from earlier builds are never read and expire by their own TTL), read and written by one
 //!   Lua script: one `GET`, and one `SET` when the state changes. Every write keeps the key at

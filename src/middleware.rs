@@ -12,7 +12,8 @@ use crate::clock::{Clock, SystemClock};
 use crate::key::is_name;
 use crate::store::{BackendError, RefundGuard};
 use crate::{
-    BucketKey, BucketStore, Decision, InvalidKey, KeySecret, Limit, RateLimited, StoreError,
+    BucketKey, BucketStore, Decision, InvalidKey, KeySecret, Limit, RateLimited, Reservation,
+    StoreError,
 };
 
 /// The longest an upstream 429 may make every worker back off, unless set otherwise.
@@ -55,9 +56,17 @@ const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(600);
 ///    bucket, and sends. Beyond it, the request is not sent: the middleware returns a
 ///    [`RateLimited`] error, the "local 429". Dropping the request future while it waits gives
 ///    the reservation back.
+///
+///    A request that waited asks the store once more, at its turn, whether an upstream 429
+///    drained the bucket past its slot meanwhile ([`Quota::halts`](crate::Quota::halts), from
+///    [`BucketStore::peek`]), in this process or any other. If so it does not send: it
+///    reserves again, behind the back-off, with what is left of its ceiling, or fails with the
+///    local 429 past it. That costs one more store call per request that waited, and none for
+///    a request sent at once. If that call fails, the request is sent, with a warning.
 /// 4. Reads the answer. A `429` from the upstream drains the shared bucket until the time the
 ///    upstream gave (`X-Ratelimit-Retry`, else `Retry-After`, in seconds or as an HTTP date), so
-///    that every worker in every process backs off, not only the one that was told; without such
+///    that every worker in every process backs off, not only the one that was told, and requests
+///    already waiting for their turns wait past it (step 3); without such
 ///    a header, for one token period. The bucket is drained so that its next token is ready at
 ///    the time the upstream gave; it never holds less than one token period, so a shorter
 ///    `Retry-After` still waits one period. A malformed value is ignored and an absurd one clamped to
@@ -208,7 +217,7 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
         config
             .routes
             .iter()
-            .find(|r| r.matches(req.method(), req.url()))
+            .find(|r| r.matches_url(req.method(), req.url()))
             .or(config.default.as_ref())
     }
 
@@ -256,6 +265,25 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
                 None,
             )))
         })
+    }
+
+    /// Whether a drain made while `reservation` waited ends past its slot (see
+    /// [`Quota::halts`](crate::Quota::halts)): one more store call, made only by requests that
+    /// waited. A store that cannot answer lets the request go, as it would have before the
+    /// check: the reservation was granted.
+    async fn halted(&self, key: &BucketKey, limit: Limit, reservation: &Reservation) -> bool {
+        match self.store.peek(key, limit).await {
+            Ok(quota) => quota.halts(reservation),
+            Err(e) => {
+                tracing::warn!(
+                    bucket = key.bucket(),
+                    key = %key.fingerprint(),
+                    error = %e,
+                    "could not check for an upstream back-off before sending; sending"
+                );
+                false
+            }
+        }
     }
 
     /// Feeds the upstream's answer back into the shared bucket.
@@ -402,24 +430,31 @@ where
             .config
             .max_wait
             .unwrap_or_else(|| limit.default_max_wait(1));
-        let decision = self
-            .reserve(&key, limit, max_wait)
-            .await
-            .map_err(reqwest_middleware::Error::middleware)?;
-        if !decision.is_admitted() {
-            let retry = decision.retry_after().unwrap_or(Duration::ZERO);
-            tracing::debug!(
-                bucket = &*bucket,
-                key = %key.fingerprint(),
-                retry_ms = retry.as_millis() as u64,
-                "local 429: the wait would pass the ceiling"
-            );
-            let limited = RateLimited::new(retry, limit, &bucket, decision.remaining());
-            return Err(reqwest_middleware::Error::middleware(limited));
-        }
-        if let Some(reservation) = decision.reservation()
-            && !decision.wait().is_zero()
-        {
+        let started = tokio::time::Instant::now();
+        let mut ceiling = max_wait;
+        loop {
+            let decision = self
+                .reserve(&key, limit, ceiling)
+                .await
+                .map_err(reqwest_middleware::Error::middleware)?;
+            if !decision.is_admitted() {
+                let retry = decision.retry_after().unwrap_or(Duration::ZERO);
+                tracing::debug!(
+                    bucket = &*bucket,
+                    key = %key.fingerprint(),
+                    retry_ms = retry.as_millis() as u64,
+                    "local 429: the wait would pass the ceiling"
+                );
+                let limited = RateLimited::new(retry, limit, &bucket, decision.remaining());
+                return Err(reqwest_middleware::Error::middleware(limited));
+            }
+            // Admitted now: any drain is already in the bucket it was admitted from.
+            let Some(reservation) = decision
+                .reservation()
+                .filter(|_| !decision.wait().is_zero())
+            else {
+                break;
+            };
             let mut guard = RefundGuard::new(self.store.clone());
             guard.push(key.clone(), limit, reservation);
             tracing::debug!(
@@ -430,6 +465,18 @@ where
             );
             tokio::time::sleep(decision.wait()).await;
             guard.disarm();
+            if !self.halted(&key, limit, &reservation).await {
+                break;
+            }
+            // Queued again behind the back-off, within what is left of the ceiling; the first
+            // reservation's tokens stay spent.
+            ceiling = max_wait.saturating_sub(started.elapsed());
+            tracing::debug!(
+                bucket = &*bucket,
+                key = %key.fingerprint(),
+                ceiling_ms = ceiling.as_millis() as u64,
+                "an upstream back-off passed the reserved slot: queuing again"
+            );
         }
         let res = next.run(req, extensions).await?;
         self.feedback(&key, limit, &res).await;
@@ -470,6 +517,44 @@ impl<St: fmt::Debug, K: fmt::Debug> fmt::Debug for RateLimitMiddleware<St, K> {
 /// `**` matches any rest (including nothing). `/api/v1/supplier/orders` matches only that path;
 /// `/api/v2/nm-report/*/detail` matches any card; `/api/v1/**` matches everything under it.
 /// Query strings are ignored.
+///
+/// # Spellings of one path
+///
+/// A route matches the request's path once normalized, so that a path spelled another way
+/// draws from the same bucket instead of escaping it. The pattern is normalized the same way.
+///
+/// - Percent-encoded unreserved characters (letters, digits, `-`, `.`, `_`, `~`) are decoded,
+///   whatever the case of their hex digits: `/api/v1/supplier/%6Frders` is
+///   `/api/v1/supplier/orders`.
+/// - Dot segments are removed (RFC 3986 §5.2.4), encoded dots (`%2E`) included: `/a/./b` and
+///   `/a/x/../b` are `/a/b`.
+/// - Empty segments are skipped: `//` counts as one `/`, and a trailing slash makes no
+///   difference. Most servers route both spellings to one handler, and for a limiter matching
+///   one path too many is the safe side.
+///
+/// What is not normalized, because it can name another resource: an encoded slash (`%2F`, or
+/// `%2f`) stays part of its segment and never splits it, and any other escape of a reserved
+/// character stays an escape (only the case of its hex digits is ignored); case in the path is
+/// significant.
+///
+/// ```
+/// use burstgate::Limit;
+/// use burstgate::middleware::Route;
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let orders = Route::new("orders", Limit::per_minute(1)?, "/api/v1/supplier/orders")?;
+/// for spelled in [
+///     "https://api.example/api/v1/supplier/%6Frders",
+///     "https://api.example/api/v1/supplier/x/%2E%2E/orders",
+///     "https://api.example//api/v1/supplier/orders/",
+/// ] {
+///     assert!(orders.matches_url(&http::Method::GET, &reqwest::Url::parse(spelled)?));
+/// }
+/// let elsewhere = reqwest::Url::parse("https://api.example/api/v1/supplier%2Forders")?;
+/// assert!(!orders.matches_url(&http::Method::GET, &elsewhere));
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone)]
 pub struct Route {
     bucket: Arc<str>,
@@ -493,14 +578,11 @@ impl Route {
         if !is_name(bucket) {
             return Err(InvalidKey::BucketName);
         }
-        let Some(rest) = path.strip_prefix('/') else {
+        if !path.starts_with('/') {
             return Err(InvalidKey::EmptyKey);
-        };
-        let segments: Vec<&str> = if rest.is_empty() {
-            Vec::new()
-        } else {
-            rest.split('/').collect()
-        };
+        }
+        let normalized = path::normalize(path);
+        let segments: Vec<&str> = normalized.split('/').filter(|s| !s.is_empty()).collect();
         let last = segments.len().saturating_sub(1);
         let path = segments
             .iter()
@@ -529,9 +611,12 @@ impl Route {
         }
     }
 
-    /// Matches only requests to this host (compared without case; no port).
+    /// Matches only requests to this host: compared without case, and without a trailing dot
+    /// on either side (`api.example.` is the fully qualified spelling of `api.example`, and
+    /// names the same host). No port.
     #[must_use]
     pub fn host(self, host: &str) -> Self {
+        let host = host.strip_suffix('.').unwrap_or(host);
         Self {
             host: Some(host.to_ascii_lowercase()),
             ..self
@@ -548,16 +633,24 @@ impl Route {
         self.limit
     }
 
-    fn matches(&self, method: &Method, url: &reqwest::Url) -> bool {
+    /// Whether a request with this method and URL draws from this route: the test the
+    /// middleware makes, in order, for each route.
+    pub fn matches_url(&self, method: &Method, url: &reqwest::Url) -> bool {
         if self.method.as_ref().is_some_and(|m| m != method) {
             return false;
         }
         if let Some(host) = &self.host
-            && !url.host_str().is_some_and(|h| h.eq_ignore_ascii_case(host))
+            && !url
+                .host_str()
+                .is_some_and(|h| h.strip_suffix('.').unwrap_or(h).eq_ignore_ascii_case(host))
         {
             return false;
         }
-        let path = url.path().strip_prefix('/').unwrap_or(url.path());
+        self.matches_path(url.path())
+    }
+
+    fn matches_path(&self, path: &str) -> bool {
+        let path = path::normalize(path);
         let mut parts = path.split('/').filter(|s| !s.is_empty());
         for segment in &self.path {
             match segment {
@@ -631,6 +724,8 @@ impl fmt::Debug for Account {
         }
     }
 }
+
+mod path;
 
 #[cfg(test)]
 mod tests;

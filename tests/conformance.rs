@@ -205,6 +205,58 @@ mod cases {
         assert_eq!(q.next_token_in(), Duration::from_millis(100));
     }
 
+    pub(crate) async fn a_drain_halts_the_reservations_queued_before_it<S, F>(
+        make: impl FnOnce(ManualClock) -> F,
+    ) where
+        S: BucketStore,
+        F: Future<Output = S>,
+    {
+        let clock = ManualClock::new(START);
+        let store = make(clock.clone()).await;
+        // One token a second, no burst: the refill takes a second, so a halt is kept until 2 s
+        // behind the bucket's time.
+        let l = limit(1, 1_000, 1);
+        let k = key("halt", "acct");
+        let at = |ms: u64| UNIX_EPOCH + Duration::from_millis(START + ms);
+        let reserve = |max_wait: u64| {
+            let (store, k) = (&store, &k);
+            async move {
+                let d = store
+                    .acquire(k, l, 1, Duration::from_millis(max_wait))
+                    .await
+                    .expect("decides");
+                d.reservation().expect("admitted")
+            }
+        };
+        reserve(0).await;
+        let (r1, r2) = (reserve(5_000).await, reserve(5_000).await);
+        assert_eq!((r1.ready_at(), r2.ready_at()), (at(1_000), at(2_000)));
+        let q = store.peek(&k, l).await.expect("peeks");
+        assert_eq!(q.halted_until(), None);
+        assert!(!q.halts(&r1) && !q.halts(&r2));
+
+        // Empty until 2.5 s: the first token at 3.5 s, past both slots.
+        store.drain_until(&k, l, at(2_500)).await.expect("drains");
+        let q = store.peek(&k, l).await.expect("peeks");
+        assert_eq!(q.halted_until(), Some(at(3_500)));
+        assert!(q.halts(&r1) && q.halts(&r2));
+        // Reserved again, they queue behind the back-off, where the halt stops nothing.
+        let (r3, r4) = (reserve(10_000).await, reserve(10_000).await);
+        assert_eq!((r3.ready_at(), r4.ready_at()), (at(3_500), at(4_500)));
+        // A shorter drain after a longer one keeps the longer halt.
+        store.drain_until(&k, l, at(500)).await.expect("drains");
+        let q = store.peek(&k, l).await.expect("peeks");
+        assert_eq!(q.halted_until(), Some(at(3_500)));
+        assert!(q.halts(&r1) && !q.halts(&r3) && !q.halts(&r4));
+
+        // Forgotten once it is the refill time plus an interval behind.
+        clock.advance(Duration::from_millis(5_499));
+        let q = store.peek(&k, l).await.expect("peeks");
+        assert_eq!(q.halted_until(), Some(at(3_500)));
+        clock.advance(Duration::from_millis(1));
+        assert_eq!(store.peek(&k, l).await.expect("peeks").halted_until(), None);
+    }
+
     pub(crate) async fn peek_takes_nothing<S, F>(make: impl FnOnce(ManualClock) -> F)
     where
         S: BucketStore,
@@ -419,6 +471,11 @@ macro_rules! suite {
             #[tokio::test]
             async fn a_drain_blocks_every_caller_until_its_deadline() {
                 cases::a_drain_blocks_every_caller_until_its_deadline($make).await;
+            }
+
+            #[tokio::test]
+            async fn a_drain_halts_the_reservations_queued_before_it() {
+                cases::a_drain_halts_the_reservations_queued_before_it($make).await;
             }
 
             #[tokio::test]

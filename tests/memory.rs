@@ -26,16 +26,20 @@ const ONE_OFF_KEYS: usize = 1_000_000;
 
 /// Fresh keys of the "ordinary traffic" that follows the refill period. Each picks one of the
 /// store's shards at random, so 16 per shard reach every shard except with a probability of
-/// about `shards × e^-16` (2 × 10^-6 for 16 shards).
+/// about `shards × e^-16` (2 × 10^-5 for 128 shards).
 fn fresh_keys() -> usize {
     16 * shards()
 }
 
-/// The store's shard count, as `MemoryStore` sizes it: 8 per thread the machine runs, rounded
-/// up to a power of two, at least 16.
+/// The store's shard count, as `MemoryStore` sizes it: 8 per thread the machine runs, or one
+/// per 8,192 buckets of its bound (2^20 by default), whichever is more, rounded up to a power
+/// of two, at least 16.
 fn shards() -> usize {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    (threads * 8).next_power_of_two().max(16)
+    (threads * 8)
+        .max((1 << 20) / 8_192)
+        .next_power_of_two()
+        .max(16)
 }
 
 /// How far above its starting point the heap may stay once the buckets are gone: 1 MiB, and

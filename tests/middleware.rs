@@ -799,6 +799,104 @@ mod shared {
         server.verify().await;
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn an_upstream_429_stops_reservations_already_waiting_in_two_stores() {
+        let server = MockServer::start().await;
+        let told = Arrivals::default();
+        let after = Arrivals::default();
+        // The 429 comes back 200 ms after it arrives, while four requests wait their turns.
+        Mock::given(method("GET"))
+            .and(path("/orders"))
+            .respond_with(
+                told.answer(
+                    ResponseTemplate::new(429)
+                        .insert_header("X-Ratelimit-Retry", "2")
+                        .set_delay(Duration::from_millis(200)),
+                ),
+            )
+            .up_to_n_times(1)
+            .with_priority(1)
+            .expect(1)
+            .mount(&server)
+            .await;
+        let waiting = 4;
+        mock(
+            &server,
+            "/orders",
+            after.answer(ResponseTemplate::new(200)),
+            waiting,
+        )
+        .await;
+        // One request per 400 ms, no burst: the waiting ones are slotted at 400, 800, 1200 and
+        // 1600 ms, all inside the 2 s the upstream asks for.
+        let orders = limit(1, 400, 1);
+        let prefix = redis_server::unique_prefix();
+        let connect = || async {
+            RedisStore::connect(&redis_server::url())
+                .await
+                .expect("connects")
+                .with_prefix(&prefix)
+                .expect("a valid prefix")
+        };
+        let (one, two) = (connect().await, connect().await);
+        let make = |store| {
+            client(
+                RateLimitMiddleware::new(store)
+                    .route(route("orders", orders, "/orders"))
+                    .max_wait(Duration::from_secs(10)),
+            )
+        };
+        let clients = [make(one.clone()), make(two)];
+        let url = format!("{}/orders", server.uri());
+        let bucket = key("orders", "seller-1");
+
+        let first = {
+            let (client, url) = (clients[0].clone(), url.clone());
+            tokio::spawn(async move { get(&client, &url, Some("seller-1")).await.ok() })
+        };
+        peek_until(&one, &bucket, orders, |q| q.remaining() == 0).await;
+        let mut calls = Vec::new();
+        for i in 0..waiting {
+            let (client, url) = (clients[i as usize % 2].clone(), url.clone());
+            calls.push(tokio::spawn(async move {
+                get(&client, &url, Some("seller-1")).await.ok()
+            }));
+        }
+        // All four are queued, and the 429 has not been fed back yet.
+        let queued = peek_until(&one, &bucket, orders, |q| {
+            q.next_token_in() > Duration::from_millis(1_500)
+        })
+        .await;
+        assert_eq!(
+            queued.halted_until(),
+            None,
+            "the drain came first: {queued:?}"
+        );
+
+        assert_eq!(
+            first.await.expect("the first request finishes"),
+            Some(StatusCode::TOO_MANY_REQUESTS)
+        );
+        for call in calls {
+            assert_eq!(
+                call.await.expect("a waiting request finishes"),
+                Some(StatusCode::OK)
+            );
+        }
+        // Nothing reached the upstream within 2 s of the 429 (counted from when the 429's
+        // request arrived, 200 ms before the client read the answer), and what came after went
+        // one token period apart from there, in their order, none before its turn.
+        let told_at = told.sorted()[0];
+        let sent: Vec<Duration> = after.sorted().iter().map(|t| *t - told_at).collect();
+        assert_eq!(sent.len(), waiting as usize);
+        for (i, at) in (0..).zip(&sent) {
+            let turn = Duration::from_secs(2) + orders.interval() * i;
+            assert!(*at >= turn - CLOCK_SLACK, "sent before its turn: {sent:?}");
+        }
+        assert!(sent[3] < Duration::from_secs(5), "{sent:?}");
+        server.verify().await;
+    }
+
     #[tokio::test]
     async fn an_account_header_keys_by_the_token_and_never_stores_it_in_clear() {
         let server = MockServer::start().await;

@@ -156,8 +156,9 @@ mod keys {
                 .query_async(&mut c)
                 .await
                 .expect("GET");
-            // Three f64s and nothing else: no room for the caller's bytes.
-            assert_eq!(value.len(), 24, "{key}");
+            // Four f64s (the state, its expiry and the drain's halt) and nothing else: no room
+            // for the caller's bytes.
+            assert_eq!(value.len(), 32, "{key}");
             for secret in &secrets {
                 assert!(!key.contains(secret.as_str()), "{key}");
                 for fragment in ["eyJhbGci", "sk_live", "token-", "tok"] {

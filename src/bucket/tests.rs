@@ -340,6 +340,46 @@ proptest! {
         }
     }
 
+    /// No reservation granted after a drain has its slot before the drain's halt (by more than
+    /// the millisecond of rounding `halts` allows), so the halt stops only reservations the
+    /// drain passed over. (Refunds are left out: one given back
+    /// between the drain's deadline and its first token can admit a request there.)
+    #[test]
+    fn no_reservation_granted_after_a_drain_is_slotted_before_its_halt(
+        limit in small_limit(),
+        ops in prop::collection::vec((0u64..2_000, 0u8..4, any::<u32>()), 1..80),
+    ) {
+        let p = limit.params();
+        let refill = u64::try_from(limit.refill_time().as_millis()).unwrap_or(u64::MAX);
+        let (mut state, mut stored_halt, mut now) = (None, 0.0, START);
+        for (dt, op, pick) in ops {
+            now += dt % (refill + 2);
+            let seen = halt(&p, state, stored_halt, now, None);
+            if op == 0 {
+                let until = now + u64::from(pick) % (3 * refill + 1);
+                stored_halt = halt(&p, state, stored_halt, now, Some(until));
+                let w = drain_until(&p, state, now, until);
+                // The next token is due at the halt, or later behind a queue longer than the
+                // drain.
+                let next = peek(&p, Some(w.state), now);
+                prop_assert!(!halts(stored_halt as u64, next.at + next.wait),
+                    "halt {} after the next token {}", stored_halt, next.at + next.wait);
+                state = Some(w.state);
+                continue;
+            }
+            let cost = 1 + u64::from(pick) % u64::from(limit.burst().min(3));
+            let (o, w) = evaluate(&p, state, now, cost as f64, 3 * refill);
+            if o.allowed {
+                prop_assert!(!halts(seen as u64, o.at + o.wait),
+                    "slot {} before the halt {}", o.at + o.wait, seen);
+            }
+            if let Some(w) = w {
+                stored_halt = halt(&p, state, stored_halt, now, None);
+                state = Some(w.state);
+            }
+        }
+    }
+
     #[test]
     fn nothing_overflows_for_any_limit_cost_and_time(
         limit in limit(),
@@ -362,7 +402,11 @@ proptest! {
                     None
                 }
                 2 => refund(&p, state, now, cost, arg).1,
-                _ => Some(drain_until(&p, state, now, arg)),
+                _ => {
+                    let h = halt(&p, state, 0.0, now, Some(arg));
+                    prop_assert!(sound_halt(h), "{}", h);
+                    Some(drain_until(&p, state, now, arg))
+                }
             };
             if let Some(w) = write {
                 prop_assert!(w.state.t.is_finite() && w.state.ts.is_finite() && w.full.is_finite());
@@ -438,6 +482,33 @@ fn drain_blocks_until_the_deadline_then_refills() {
     assert!(o.allowed);
     // The key outlives the drain: until full (2 s + 10 s) plus an interval.
     assert_eq!(w.ttl(&p), 13_000);
+}
+
+#[test]
+fn a_drain_halts_until_its_first_token_and_the_halt_ends_with_the_lead_bound() {
+    // 1 per second, burst 10: ten seconds to refill, so a halt is kept for 11 s after it.
+    let p = Params::new(1.0, 1000.0, 10.0);
+    // Empty until 2 s: the first token at 3 s.
+    let h = halt(&p, None, 0.0, 0, Some(2_000));
+    assert_eq!(h, 3_000.0);
+    let w = drain_until(&p, None, 0, 2_000);
+    // A shorter drain later keeps the longer halt; a longer one moves it.
+    assert_eq!(halt(&p, Some(w.state), h, 500, Some(1_000)), 3_000.0);
+    assert_eq!(halt(&p, Some(w.state), h, 500, Some(4_000)), 5_000.0);
+    // A deadline already past still halts for one token period.
+    assert_eq!(halt(&p, Some(w.state), 0.0, 9_000, Some(1)), 10_000.0);
+    // Kept while less than the lead bound behind the call's time, then gone.
+    assert_eq!(halt(&p, Some(w.state), h, 13_999, None), 3_000.0);
+    assert_eq!(halt(&p, Some(w.state), h, 14_000, None), 0.0);
+    // A stored time far ahead of the caller, moved back, takes its halt with it.
+    let year = 365 * 86_400_000;
+    let ahead = drain_until(&p, None, 10 * year, 10 * year + 2_000);
+    let far = halt(&p, None, 0.0, 10 * year, Some(10 * year + 2_000));
+    assert_eq!(halt(&p, Some(ahead.state), far, 0, None), 0.0);
+    assert!(sound_halt(far) && sound_halt(0.0));
+    for bad in [-1.0, 0.5, f64::NAN, f64::INFINITY, 9_007_199_254_740_992.0] {
+        assert!(!sound_halt(bad), "{bad}");
+    }
 }
 
 #[test]

@@ -1,5 +1,6 @@
-//! Header parsing and routing, and a fuzz of the back-off headers: bounded in CI, longer with
-//! `BURSTGATE_FUZZ_CASES`.
+//! Header parsing and routing, a fuzz of the back-off headers (bounded in CI, longer with
+//! `BURSTGATE_FUZZ_CASES`), and waiting requests meeting an upstream 429 on tokio's paused
+//! clock.
 
 use super::*;
 
@@ -50,27 +51,163 @@ fn x_ratelimit_retry_wins_over_retry_after_and_garbage_is_skipped() {
 #[test]
 fn routes_match_method_host_and_path_patterns() {
     let limit = Limit::per_minute(1).expect("a valid limit");
-    let url = |s: &str| reqwest::Url::parse(s).expect("a valid url");
     let exact = Route::new("orders", limit, "/api/v1/supplier/orders").expect("a route");
-    assert!(exact.matches(&Method::GET, &url("https://h/api/v1/supplier/orders?x=1")));
-    assert!(!exact.matches(&Method::GET, &url("https://h/api/v1/supplier/orders/7")));
-    assert!(!exact.matches(&Method::GET, &url("https://h/api/v1/supplier")));
+    assert!(exact.matches_url(&Method::GET, &url("https://h/api/v1/supplier/orders?x=1")));
+    assert!(!exact.matches_url(&Method::GET, &url("https://h/api/v1/supplier/orders/7")));
+    assert!(!exact.matches_url(&Method::GET, &url("https://h/api/v1/supplier")));
     let any = Route::new("card", limit, "/cards/*/detail").expect("a route");
-    assert!(any.matches(&Method::GET, &url("https://h/cards/42/detail")));
-    assert!(!any.matches(&Method::GET, &url("https://h/cards/detail")));
+    assert!(any.matches_url(&Method::GET, &url("https://h/cards/42/detail")));
+    assert!(!any.matches_url(&Method::GET, &url("https://h/cards/detail")));
     let rest = Route::new("all", limit, "/api/**")
         .expect("a route")
         .method(Method::POST)
         .host("API.example");
-    assert!(rest.matches(&Method::POST, &url("https://api.example/api")));
-    assert!(rest.matches(&Method::POST, &url("https://api.example/api/a/b/c")));
-    assert!(!rest.matches(&Method::GET, &url("https://api.example/api/a")));
-    assert!(!rest.matches(&Method::POST, &url("https://other.example/api/a")));
+    assert!(rest.matches_url(&Method::POST, &url("https://api.example/api")));
+    assert!(rest.matches_url(&Method::POST, &url("https://api.example/api/a/b/c")));
+    assert!(!rest.matches_url(&Method::GET, &url("https://api.example/api/a")));
+    assert!(!rest.matches_url(&Method::POST, &url("https://other.example/api/a")));
     assert_eq!(
         Route::new("bad name", limit, "/").map(drop),
         Err(InvalidKey::BucketName)
     );
     assert!(Route::new("x", limit, "no-slash").is_err());
+}
+
+fn orders_route() -> Route {
+    let limit = Limit::per_minute(1).expect("a valid limit");
+    Route::new("orders", limit, "/api/v1/supplier/orders").expect("a route")
+}
+
+fn url(s: &str) -> reqwest::Url {
+    reqwest::Url::parse(s).expect("a valid url")
+}
+
+#[test]
+fn a_percent_encoded_unreserved_char_as_in_6frders_does_not_escape_its_route() {
+    let orders = orders_route();
+    for path in [
+        "/api/v1/supplier/%6Frders",
+        "/api/v1/supplier/%6frders",
+        "/%61pi/v%31/supplier/ord%65rs",
+        "/api/v1/supplier/%6F%72%64%65%72%73",
+    ] {
+        let at = url(&format!("https://h{path}"));
+        assert!(orders.matches_url(&Method::GET, &at), "{path} escaped");
+    }
+    // Unreserved punctuation decodes too, in patterns as in paths.
+    let limit = orders.limit();
+    let punct = Route::new("p", limit, "/a-b.c_d~e").expect("a route");
+    assert!(punct.matches_url(&Method::GET, &url("https://h/a%2Db%2Ec%5Fd%7ee")));
+    let encoded_pattern = Route::new("p", limit, "/%61-b.c_d~e").expect("a route");
+    assert!(encoded_pattern.matches_url(&Method::GET, &url("https://h/a-b.c_d~e")));
+    // What stays: case in the path, an escape of an upper-case letter, an encoded slash.
+    for path in [
+        "/api/v1/supplier/Orders",
+        "/api/v1/supplier/%4Frders",
+        "/api/v1/supplier%2Forders",
+        "/api/v1/supplier%2forders",
+        "/api/v1/supplier/orders%2Ejson",
+    ] {
+        let at = url(&format!("https://h{path}"));
+        assert!(!orders.matches_url(&Method::GET, &at), "{path} matched");
+    }
+    // Any other escape keeps its meaning, and the case of its hex digits does not matter.
+    let slash = Route::new("s", limit, "/files/a%2fb").expect("a route");
+    assert!(slash.matches_url(&Method::GET, &url("https://h/files/a%2Fb")));
+    assert!(!slash.matches_url(&Method::GET, &url("https://h/files/a/b")));
+}
+
+#[test]
+fn dot_segments_as_in_dot_slash_and_x_dot_dot_do_not_escape_their_route() {
+    let orders = orders_route();
+    let paths = [
+        "/api/v1/./supplier/orders",
+        "/api/v1/supplier/x/../orders",
+        "/api/v1/supplier/%2E/orders",
+        "/api/v1/supplier/x/%2e%2E/orders",
+        "/api/v1/supplier/x/.%2E/orders",
+        "/../api/v1/supplier/orders",
+        "/api/v1/supplier/orders/x/..",
+        "/api/v1/supplier//x/../orders",
+    ];
+    for path in paths {
+        // A parsed URL has its dot segments removed already; a path handed over as text has
+        // not, and is normalized here.
+        let at = url(&format!("https://h{path}"));
+        assert!(orders.matches_url(&Method::GET, &at), "{path} escaped");
+        assert!(orders.matches_path(path), "{path} escaped");
+    }
+    for path in [
+        "/api/v1/supplier/orders/..",
+        "/api/v1/supplier/x%2E%2E/orders",
+        "/api/v1/supplier/../orders",
+    ] {
+        assert!(!orders.matches_path(path), "{path} matched");
+    }
+    // A pattern is normalized the same way.
+    let limit = orders.limit();
+    let dotted = Route::new("d", limit, "/api/./v1/x/../orders").expect("a route");
+    assert!(dotted.matches_url(&Method::GET, &url("https://h/api/v1/orders")));
+}
+
+#[test]
+fn an_uppercase_host_or_one_with_a_trailing_dot_does_not_escape_its_route() {
+    let orders = orders_route().host("api.example");
+    for at in [
+        "https://API.EXAMPLE/api/v1/supplier/orders",
+        "https://Api.Example./api/v1/supplier/orders",
+        "https://api.example.:8443/api/v1/supplier/orders",
+    ] {
+        assert!(orders.matches_url(&Method::GET, &url(at)), "{at} escaped");
+    }
+    let dotted = orders_route().host("API.Example.");
+    assert!(dotted.matches_url(
+        &Method::GET,
+        &url("https://api.example/api/v1/supplier/orders")
+    ));
+    assert!(!orders.matches_url(
+        &Method::GET,
+        &url("https://api.example.com/api/v1/supplier/orders")
+    ));
+    assert!(!orders.matches_url(
+        &Method::GET,
+        &url("https://xapi.example/api/v1/supplier/orders")
+    ));
+}
+
+#[test]
+fn empty_segments_and_a_trailing_slash_are_skipped_in_paths_and_patterns() {
+    let limit = Limit::per_minute(1).expect("a valid limit");
+    let trailing = Route::new("t", limit, "/api/v1/").expect("a route");
+    for path in ["/api/v1", "/api/v1/", "//api//v1//"] {
+        assert!(trailing.matches_path(path), "{path}");
+    }
+    assert!(!trailing.matches_path("/api/v1/x"));
+}
+
+#[test]
+fn a_path_that_needs_no_normalization_is_borrowed() {
+    use std::borrow::Cow;
+    assert!(matches!(
+        path::normalize("/api/v1/supplier/orders"),
+        Cow::Borrowed(_)
+    ));
+    assert!(matches!(path::normalize("//a/b.c/~d/"), Cow::Borrowed(_)));
+    let cases = [
+        ("/a/%6F", "/a/o"),
+        ("/a/%2f%3a", "/a/%2F%3A"),
+        ("/a/%zz/%4", "/a/%zz/%4"),
+        ("/a/./b/../c", "/a/c"),
+        ("/a/b/..", "/a/"),
+        ("/a/.", "/a/"),
+        ("/..", "/"),
+        ("/a//../b", "/a/b"),
+        ("/%25%36%46", "/%256F"),
+        ("/caf\u{e9} x", "/caf%C3%A9%20x"),
+    ];
+    for (path, expected) in cases {
+        assert_eq!(path::normalize(path), expected, "{path}");
+    }
 }
 
 #[test]
@@ -224,8 +361,54 @@ fn header_text() -> impl Strategy<Value = String> {
     ]
 }
 
+/// Path segments of unreserved characters, each character with how to spell it (0 as it is, 1
+/// an escape in upper-case hex, 2 in lower case), and what to put before the segment (0
+/// nothing, 1 `./`, 2 `x/../`, 3 `%2E/`, 4 `x/%2e%2E/`, 5 an empty segment).
+fn spelled_segments() -> impl Strategy<Value = Vec<(Vec<(char, u8)>, u8)>> {
+    let unreserved: Vec<char> = ('a'..='z')
+        .chain('A'..='Z')
+        .chain('0'..='9')
+        .chain(['-', '.', '_', '~'])
+        .collect();
+    let segment = proptest::collection::vec((proptest::sample::select(unreserved), 0..3u8), 1..8)
+        .prop_filter("not a dot segment", |s| {
+            !(s.len() <= 2 && s.iter().all(|(c, _)| *c == '.'))
+        });
+    proptest::collection::vec((segment, 0..6u8), 1..5)
+}
+
 proptest! {
     #![proptest_config(fuzz_config())]
+
+    /// Any spelling of a path with escaped unreserved characters and dot segments matches the
+    /// route of its plain spelling, and one segment more does not.
+    #[test]
+    fn any_percent_encoding_of_a_matching_path_still_matches(segments in spelled_segments()) {
+        let plain: String = segments
+            .iter()
+            .map(|(s, _)| format!("/{}", s.iter().map(|(c, _)| *c).collect::<String>()))
+            .collect();
+        let mut spelled = String::new();
+        for (segment, before) in &segments {
+            spelled.push_str(["", "/.", "/x/..", "/%2E", "/x/%2e%2E", "/"][usize::from(*before)]);
+            spelled.push('/');
+            for (c, how) in segment {
+                match how {
+                    0 => spelled.push(*c),
+                    1 => spelled.push_str(&format!("%{:02X}", u32::from(*c))),
+                    _ => spelled.push_str(&format!("%{:02x}", u32::from(*c))),
+                }
+            }
+        }
+        let limit = Limit::per_minute(1).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let route = Route::new("p", limit, &plain).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let at = reqwest::Url::parse(&format!("https://h{spelled}"))
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert!(route.matches_url(&Method::GET, &at), "{} escaped {}", spelled, plain);
+        prop_assert!(route.matches_path(&spelled), "{} escaped {}", spelled, plain);
+        let longer = format!("{spelled}/more");
+        prop_assert!(!route.matches_path(&longer), "{} matched {}", longer, plain);
+    }
 
     /// Any text: never a panic; a delay only for what the rules accept, and then the right one.
     #[test]
@@ -310,5 +493,133 @@ proptest! {
         prop_assert_eq!(quota.remaining(), 0);
         prop_assert_eq!(quota.next_token_in(), expected, "told {:?}", told);
         prop_assert!(quota.next_token_in() <= max_backoff.max(period));
+    }
+}
+
+/// An upstream inside the process, the last middleware of the client: it answers the first
+/// request with a 429 "retry in 2 s" after `delay`, every other at once with a 200, and records
+/// when each request reached it, on tokio's clock.
+#[derive(Clone)]
+struct Upstream {
+    delay: Duration,
+    arrivals: Arc<std::sync::Mutex<Vec<(tokio::time::Instant, StatusCode)>>>,
+}
+
+#[async_trait::async_trait]
+impl Middleware for Upstream {
+    async fn handle(
+        &self,
+        _: Request,
+        _: &mut Extensions,
+        _: Next<'_>,
+    ) -> reqwest_middleware::Result<Response> {
+        let status = {
+            let mut arrivals = self
+                .arrivals
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let status = if arrivals.is_empty() {
+                StatusCode::TOO_MANY_REQUESTS
+            } else {
+                StatusCode::OK
+            };
+            arrivals.push((tokio::time::Instant::now(), status));
+            status
+        };
+        let mut answer = http::Response::new(Vec::<u8>::new());
+        *answer.status_mut() = status;
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            answer
+                .headers_mut()
+                .insert("x-ratelimit-retry", http::HeaderValue::from_static("2"));
+            tokio::time::sleep(self.delay).await;
+        }
+        Ok(Response::from(answer))
+    }
+}
+
+/// A client limited to one request per 400 ms (burst 1) on a `MemoryStore`, in front of an
+/// [`Upstream`] whose 429 comes back after 200 ms; the first request is sent, then `waiting`
+/// more, 10 ms later, which reserve the slots at 400, 800, ... ms. Returns each waiting
+/// request's result, and the upstream's log in ms from the start.
+async fn waiting_requests_meet_a_429(
+    waiting: usize,
+    max_wait: Duration,
+) -> (
+    Vec<Result<StatusCode, reqwest_middleware::Error>>,
+    Vec<(u64, StatusCode)>,
+) {
+    let clock = crate::TokioClock::new();
+    let store = MemoryStore::with_clock(clock);
+    let api = Limit::new(1, Duration::from_millis(400)).expect("a valid limit");
+    let upstream = Upstream {
+        delay: Duration::from_millis(200),
+        arrivals: Arc::default(),
+    };
+    let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+        .with(
+            RateLimitMiddleware::new(store)
+                .with_clock(clock)
+                .route(Route::new("api", api, "/orders").expect("a route"))
+                .max_wait(max_wait),
+        )
+        .with(upstream.clone())
+        .build();
+    let start = tokio::time::Instant::now();
+    let send = |client: reqwest_middleware::ClientWithMiddleware| async move {
+        client
+            .get("http://upstream.test/orders")
+            .with_extension(Account::new("seller-1"))
+            .send()
+            .await
+            .map(|r| r.status())
+    };
+    let first = tokio::spawn(send(client.clone()));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let calls: Vec<_> = (0..waiting)
+        .map(|_| tokio::spawn(send(client.clone())))
+        .collect();
+    let first = first.await.expect("the first request finishes");
+    assert_eq!(first.ok(), Some(StatusCode::TOO_MANY_REQUESTS));
+    let mut results = Vec::new();
+    for call in calls {
+        results.push(call.await.expect("a waiting request finishes"));
+    }
+    let log = upstream
+        .arrivals
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .iter()
+        .map(|(at, status)| ((*at - start).as_millis() as u64, *status))
+        .collect();
+    (results, log)
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_upstream_429_stops_reservations_granted_before_it_on_a_memory_store() {
+    let (results, log) = waiting_requests_meet_a_429(4, Duration::from_secs(10)).await;
+    for result in &results {
+        assert_eq!(result.as_ref().ok(), Some(&StatusCode::OK), "{result:?}");
+    }
+    // The 429 reached the upstream at 0 ms and came back at 200 ms, saying 2 s: nothing is
+    // sent before 2200 ms, and the four that were waiting go in their order from there, one
+    // token period apart. Before, they went at their first slots, 400 to 1600 ms.
+    let sent: Vec<u64> = log.iter().map(|(at, _)| *at).collect();
+    assert_eq!(sent, [0, 2_200, 2_600, 3_000, 3_400], "{log:?}");
+    assert_eq!(log[0].1, StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reservation_an_upstream_429_stops_past_its_ceiling_is_a_local_429() {
+    // A ceiling of 2 s: each first slot fits, none behind the back-off does.
+    let (results, log) = waiting_requests_meet_a_429(4, Duration::from_secs(2)).await;
+    assert_eq!(log.len(), 1, "only the first request was sent: {log:?}");
+    for result in results {
+        let Err(reqwest_middleware::Error::Middleware(e)) = result else {
+            panic!("expected the local 429, got {result:?}");
+        };
+        let limited = e.downcast_ref::<RateLimited>().expect("a RateLimited");
+        assert_eq!(limited.bucket(), "api");
+        assert!(limited.retry_after() > Duration::ZERO, "{limited:?}");
     }
 }

@@ -3,7 +3,10 @@
 --
 -- KEYS[1]  the bucket: one 24-byte string, struct.pack('<ddd', t, ts, keep): t = tokens at ts,
 --          ts = milliseconds since the Unix epoch, keep = the time until which the key is kept
---          (its expiry, on the callers' clock), each an IEEE 754 double, little-endian
+--          (its expiry, on the callers' clock), each an IEEE 754 double, little-endian; or, while
+--          the bucket has a halt, 32 bytes, struct.pack('<dddd', t, ts, keep, halt): halt = the
+--          time of the first token after the latest drain, before which no reservation granted
+--          before that drain may go (bucket.rs's halt). A 24-byte value has no halt
 -- ARGV[1]  72 bytes, struct.pack('<ddddddddd', op, now, tokens, interval, capacity, x, max_wait,
 --          lead, most_debt): op 1 acquire, 2 peek, 3 refund, 4 drain; interval and max_wait in
 --          milliseconds; x is the cost for acquire and refund, the deadline for drain; max_wait
@@ -18,7 +21,8 @@
 --          struct.pack('<ddddd', allowed, wait, remaining, reset, at), all whole numbers (at is the
 --          time the waits count from, ts2 below; for a refund, allowed says whether the tokens
 --          went back), and a denial (one that was allowed to wait, not long enough) appends the
---          stored value, as it was read (64 bytes in all).
+--          stored value, as it was read (64 or 72 bytes in all); a peek appends the halt (0 for
+--          none), 48 bytes in all.
 --
 -- Numbers cross the boundary as their own 8 bytes, both ways, so they round-trip exactly, with
 -- no decimal formatting or parsing (Lua's tostring would keep only 14 digits, and Redis
@@ -50,21 +54,25 @@ local op, now, tokens, interval, capacity, x, max_wait, lead, most_debt =
 
 if now > MAX_TIME then now = MAX_TIME end
 
--- A missing bucket is a full one.
-local t, ts, keep = capacity, now, 0
+-- A missing bucket is a full one, with no halt.
+local t, ts, keep, halt = capacity, now, 0, 0
 local stored = redis.call('GET', key)
 if stored then
-  if #stored ~= 24 then
+  if #stored == 24 then
+    t, ts, keep = struct.unpack('<ddd', stored)
+  elseif #stored == 32 then
+    t, ts, keep, halt = struct.unpack('<dddd', stored)
+  else
     return redis.error_reply('WRONGTYPE burstgate: the value at the key is not a bucket')
   end
-  t, ts, keep = struct.unpack('<ddd', stored)
-  -- Only a value a script could have written is decided on (bucket.rs's sound): finite, at most
-  -- the largest burst, no more debt than reservations and drains leave, a whole time in range.
-  -- Any other, written by someone else, could make the walks below run on and hang Redis. keep
-  -- needs no check: a write trusts it only within an interval of what it needs, which no NaN,
-  -- negative or far value is, and otherwise sets it again.
+  -- Only a value a script could have written is decided on (bucket.rs's sound and sound_halt):
+  -- finite, at most the largest burst, no more debt than reservations and drains leave, whole
+  -- times in range. Any other, written by someone else, could make the walks below run on and
+  -- hang Redis. keep needs no check: a write trusts it only within an interval of what it
+  -- needs, which no NaN, negative or far value is, and otherwise sets it again.
   if not (t >= -most_debt and t <= MAX_TOKENS
-      and ts >= 0 and ts <= MAX_TIME and ts % 1 == 0) then
+      and ts >= 0 and ts <= MAX_TIME and ts % 1 == 0
+      and halt >= 0 and halt <= MAX_TIME and halt % 1 == 0) then
     return redis.error_reply('BURSTGATE_CORRUPT burstgate: the value at the key is not one a bucket script writes')
   end
   -- A stored time that leads now by more than lead (the refill time, rounded up, plus one
@@ -74,9 +82,11 @@ if stored then
   local lead_max = now + lead
   -- Stored at once by every operation but peek, even a denial, so that the refill runs from the
   -- moved time: a bound that moved with each caller's clock would never let it start. Kept until
-  -- full by the first estimate, as a plain admission keeps it.
+  -- full by the first estimate, as a plain admission keeps it. The halt was set on the clock that
+  -- ran ahead, and goes with it.
   if ts > lead_max then
     ts = now
+    halt = 0
     if op ~= 2 then
       local e = (capacity - t) * interval / tokens
       local whole = e - e % 1
@@ -96,6 +106,9 @@ local avail = t + elapsed * tokens / interval
 if not (avail < capacity) then avail = capacity end
 local ts2 = ts
 if now > ts then ts2 = now end
+-- A halt further behind than the lead bound can stop no reservation still waiting: forgotten,
+-- and the next write goes back to 24 bytes.
+if halt ~= 0 and not (halt + lead > ts2) then halt = 0 end
 
 -- The plain admit, the common path, comes first and is written out in full: the functions
 -- below are new closures on every call, which this path does not pay for.
@@ -113,11 +126,13 @@ if op == 1 and avail >= x then
   -- expiry is set again, from this write's time.
   local need = ts2 + e + interval
   if need <= keep and keep <= need + interval then
-    local stored2 = struct.pack('<ddd', t2, ts2, keep)
+    local stored2 = halt == 0 and struct.pack('<ddd', t2, ts2, keep)
+      or struct.pack('<dddd', t2, ts2, keep, halt)
     redis.call('SET', key, stored2, 'KEEPTTL')
     return stored2
   end
-  local stored2 = struct.pack('<ddd', t2, ts2, need + interval)
+  local stored2 = halt == 0 and struct.pack('<ddd', t2, ts2, need + interval)
+    or struct.pack('<dddd', t2, ts2, need + interval, halt)
   redis.call('SET', key, stored2, 'PX', string.format('%d', need + interval - ts2))
   return stored2
 end
@@ -170,7 +185,7 @@ elseif op == 2 then
   if not (avail >= 1) then next_in = ready_at(t, ts, 1) - ts2 end
   local reset = ready_at(t, ts, capacity) - ts2
   if not (reset > 0) then reset = 0 end
-  return struct.pack('<ddddd', avail >= 1 and 1 or 0, next_in, left, reset, ts2)
+  return struct.pack('<dddddd', avail >= 1 and 1 or 0, next_in, left, reset, ts2, halt)
 elseif op == 3 then
   -- max_wait is the reservation's slot. One still ahead goes back only while it is the last
   -- queued (what the bucket holds then is about 0: within half a token of it, and half a token
@@ -205,6 +220,11 @@ elseif op == 4 then
   if x > ts2 then floor = -((x - ts2) * tokens / interval) end
   t2 = avail
   if floor < avail then t2 = floor end
+  -- The halt: the first token after the drain, from the debt it leaves on an empty queue (at
+  -- most the latest time), unless a later one is kept already.
+  local first = ready_at(floor, ts2, 1)
+  if first > MAX_TIME then first = MAX_TIME end
+  if first > halt then halt = first end
   wait = 0
 else
   return redis.error_reply('burstgate: unknown operation')
@@ -213,10 +233,14 @@ end
 local full = ready_at(t2, ts2, capacity)
 local need = full + interval
 if need <= keep and keep <= need + interval then
-  redis.call('SET', key, struct.pack('<ddd', t2, ts2, keep), 'KEEPTTL')
+  local stored2 = halt == 0 and struct.pack('<ddd', t2, ts2, keep)
+    or struct.pack('<dddd', t2, ts2, keep, halt)
+  redis.call('SET', key, stored2, 'KEEPTTL')
 else
   keep = need + interval
-  redis.call('SET', key, struct.pack('<ddd', t2, ts2, keep), 'PX', string.format('%d', keep - ts2))
+  local stored2 = halt == 0 and struct.pack('<ddd', t2, ts2, keep)
+    or struct.pack('<dddd', t2, ts2, keep, halt)
+  redis.call('SET', key, stored2, 'PX', string.format('%d', keep - ts2))
 end
 local left = 0
 if t2 > 0 then left = t2 - t2 % 1 end

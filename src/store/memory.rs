@@ -18,6 +18,8 @@ use crate::clock::{Clock, SystemClock, deadline_ms, whole_ms};
 use crate::store::{BucketStore, Decision, Quota, Reservation, StoreError, check_cost};
 use crate::{BucketKey, Limit};
 
+mod halts;
+
 /// Shards per thread the machine can run. A shard's lock is taken only for keys new to it, for
 /// a thread's first look at a table that has been replaced, and to replace the table, so a few
 /// per thread keep those waits rare.
@@ -146,6 +148,7 @@ struct Inner {
     hasher: DefaultHashBuilder,
     /// The most buckets each shard holds.
     shard_cap: usize,
+    halts: halts::Halts,
 }
 
 impl Inner {
@@ -497,6 +500,7 @@ impl<C: Clock> MemoryStore<C> {
                 shards,
                 hasher: DefaultHashBuilder::default(),
                 shard_cap: max_buckets.div_ceil(count),
+                halts: halts::Halts::new(),
             }),
             clock,
         }
@@ -888,9 +892,13 @@ impl<C: Clock> BucketStore for MemoryStore<C> {
         limit: Limit,
     ) -> impl Future<Output = Result<Quota, StoreError>> + Send {
         let p = limit.params();
-        let outcome = self.with_bucket(key, |state, now| (bucket::peek(&p, state, now), None));
+        let outcome = self.with_bucket(key, |state, now| {
+            let halt = self.inner.halts.get(key.as_str());
+            let halt = bucket::halt(&p, state, halt, now, None);
+            ((bucket::peek(&p, state, now), halt), None)
+        });
         ready(match outcome {
-            Ok(outcome) => Ok(Quota::new(outcome, limit)),
+            Ok((outcome, halt)) => Ok(Quota::new(outcome, limit).with_halt(halt as u64)),
             Err(Full) => Err(self.too_many()),
         })
     }
@@ -922,6 +930,10 @@ impl<C: Clock> BucketStore for MemoryStore<C> {
         let until = deadline_ms(until);
         ready(
             self.with_bucket(key, |state, now| {
+                let halts = &self.inner.halts;
+                let halt = halts.get(key.as_str());
+                let halt = bucket::halt(&p, state, halt, now, Some(until));
+                halts.set(key.as_str(), halt, halt + p.lead(), bucket::time(now));
                 ((), Some(bucket::drain_until(&p, state, now, until)))
             })
             .map_err(|Full| self.too_many()),
@@ -1002,10 +1014,11 @@ mod tests {
         Sweep,
     }
 
-    /// Every bucket ever written, never dropped.
+    /// Every bucket ever written, never dropped, and every halt ever set.
     #[derive(Default)]
     struct Model {
         states: HashMap<String, State>,
+        halts: HashMap<String, f64>,
     }
 
     impl Model {
@@ -1017,6 +1030,10 @@ mod tests {
 
         fn state(&self, key: &BucketKey) -> Option<State> {
             self.states.get(key.as_str()).copied()
+        }
+
+        fn halt(&self, key: &BucketKey) -> f64 {
+            self.halts.get(key.as_str()).copied().unwrap_or(0.0)
         }
     }
 
@@ -1112,8 +1129,11 @@ mod tests {
                 Op::Peek { key } => {
                     let (key, limit) = (&keys[key], limits[key % limits.len()]);
                     let got = now_or_never(store.peek(key, limit)).ok();
-                    let o = bucket::peek(&limit.params(), model.state(key), now);
-                    prop_assert_eq!(got, Some(Quota::new(o, limit)), "{:?}", op);
+                    let (p, state) = (limit.params(), model.state(key));
+                    let o = bucket::peek(&p, state, now);
+                    let halt = bucket::halt(&p, state, model.halt(key), now, None);
+                    let expected = Quota::new(o, limit).with_halt(halt as u64);
+                    prop_assert_eq!(got, Some(expected), "{:?}", op);
                 }
                 Op::Refund { key, cost } => {
                     let (key, limit) = (&keys[key], limits[key % limits.len()]);
@@ -1138,6 +1158,10 @@ mod tests {
                     let (key, limit) = (&keys[key], limits[key % limits.len()]);
                     let until = UNIX_EPOCH + Duration::from_millis(now + ahead_ms);
                     prop_assert!(now_or_never(store.drain_until(key, limit, until)).is_ok());
+                    let (p, deadline) = (limit.params(), deadline_ms(until));
+                    let halt =
+                        bucket::halt(&p, model.state(key), model.halt(key), now, Some(deadline));
+                    model.halts.insert(key.as_str().to_owned(), halt);
                     let w = bucket::drain_until(
                         &limit.params(),
                         model.state(key),

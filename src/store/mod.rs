@@ -76,7 +76,8 @@ pub trait BucketStore: Send + Sync + 'static {
         max_wait: Duration,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send;
 
-    /// What the bucket holds now, without taking or writing anything.
+    /// What the bucket holds now, and the halt of its latest drain
+    /// ([`Quota::halted_until`]), without taking or writing anything.
     fn peek(
         &self,
         key: &BucketKey,
@@ -121,6 +122,10 @@ pub trait BucketStore: Send + Sync + 'static {
     ///   changes nothing, so a drain repeated (a retry) is the drain once.
     /// - A deadline already past still empties the bucket now; one more than 2^44 ms (about 557
     ///   years) ahead is taken as that.
+    /// - The drain records a halt, the time of its first token (kept if a later one is recorded
+    ///   already), which [`peek`](Self::peek) reports: a reservation granted before the drain
+    ///   whose slot is earlier must not go at its slot ([`Quota::halts`]). Reservations keep
+    ///   their places in the queue all the same; the halt only tells their holders.
     fn drain_until(
         &self,
         key: &BucketKey,
@@ -274,6 +279,8 @@ pub struct Quota {
     remaining: u32,
     next_token_in: Duration,
     resets_in: Duration,
+    /// The halt of the latest drain, on the stored times' timeline; 0 for none.
+    halted_until_ms: u64,
 }
 
 impl Quota {
@@ -284,7 +291,63 @@ impl Quota {
             remaining: u32::try_from(outcome.remaining).unwrap_or(capacity),
             next_token_in: Duration::from_millis(outcome.wait),
             resets_in: Duration::from_millis(outcome.reset),
+            halted_until_ms: 0,
         }
+    }
+
+    /// With the halt the store keeps for the bucket (0 for none): see
+    /// [`halted_until`](Self::halted_until).
+    pub(crate) fn with_halt(self, halt_ms: u64) -> Self {
+        Self {
+            halted_until_ms: halt_ms,
+            ..self
+        }
+    }
+
+    /// When the latest [`drain_until`](BucketStore::drain_until) of the bucket lets the first
+    /// token go: its deadline plus one token period. `None` when no drain is recorded. A store
+    /// forgets a halt once it is further behind than the limit's refill time plus one interval.
+    ///
+    /// Like [`Reservation::ready_at`], on the timeline of the store's stored times.
+    pub fn halted_until(&self) -> Option<SystemTime> {
+        (self.halted_until_ms > 0).then(|| {
+            std::time::UNIX_EPOCH
+                .checked_add(Duration::from_millis(self.halted_until_ms))
+                .unwrap_or(std::time::UNIX_EPOCH)
+        })
+    }
+
+    /// Whether a drain ends past `reservation`'s slot: the reservation was granted before the
+    /// drain (every one granted after it has its slot at the halt or later, give or take a
+    /// millisecond of rounding, which this allows for), its request must not go at its slot,
+    /// and it should be made again. Its tokens stay spent.
+    ///
+    /// ```
+    /// use std::time::{Duration, UNIX_EPOCH};
+    /// use burstgate::{BucketKey, BucketStore, Limit, ManualClock, MemoryStore};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # tokio::runtime::Builder::new_current_thread().build()?.block_on(async {
+    /// let clock = ManualClock::new(1_700_000_000_000);
+    /// let store = MemoryStore::with_clock(clock.clone());
+    /// let (limit, key) = (Limit::per_second(1)?, BucketKey::new("api", "a")?);
+    /// store.acquire(&key, limit, 1, Duration::ZERO).await?;
+    /// // Reserved for one second from now.
+    /// let waiting = store.acquire(&key, limit, 1, Duration::from_secs(5)).await?;
+    /// let reservation = waiting.reservation().ok_or("admitted")?;
+    /// // The upstream answers 429 "retry in 3 s": drained until 2 s, first token at 3 s.
+    /// store.drain_until(&key, limit, UNIX_EPOCH + Duration::from_millis(1_700_000_002_000)).await?;
+    /// let quota = store.peek(&key, limit).await?;
+    /// assert!(quota.halts(&reservation));
+    /// // Made again, it waits past the halt, and stands.
+    /// let again = store.acquire(&key, limit, 1, Duration::from_secs(5)).await?;
+    /// assert!(!store.peek(&key, limit).await?.halts(&again.reservation().ok_or("admitted")?));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # })
+    /// # }
+    /// ```
+    pub fn halts(&self, reservation: &Reservation) -> bool {
+        crate::bucket::halts(self.halted_until_ms, reservation.ready_at_ms())
     }
 
     /// The bucket's capacity (the limit's burst).

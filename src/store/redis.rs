@@ -29,13 +29,16 @@ use reconnect::Reconnect;
 /// The version of the stored format, part of every key: a change of the stored type moves to new
 /// keys instead of meeting old values. 1 was a hash `{t, ts}` with decimal fields; 2 one 16-byte
 /// string, `t` and `ts` as little-endian `f64`s; 3 is one 24-byte string, the same two numbers
-/// and then the time until which the key is kept.
+/// and then the time until which the key is kept, or 32 bytes with a drain's halt after them.
+/// The halt came later, in the same format: a 24-byte value reads as a bucket with no halt, as
+/// it always did.
 const FORMAT: u32 = 3;
 /// What goes between the prefix and the bucket in every key: the format version.
 const FORMAT_PART: &str = ":v3:";
 
-/// The length of a stored value: three `f64`s.
+/// The length of a stored value: three `f64`s, or four with a halt.
 const STATE_LEN: usize = 24;
+const HALTED_LEN: usize = 32;
 
 const DEFAULT_PREFIX: &str = "burstgate";
 
@@ -58,7 +61,12 @@ fn script() -> &'static redis::Script {
 /// Each bucket is one Redis string of 24 bytes: `t` (tokens available at `ts`), `ts`
 /// (milliseconds since the Unix epoch) and `keep` (until when the key is kept, on the same
 /// clock), each an IEEE 754 `f64`, little-endian, as Lua's `struct.pack('<ddd', t, ts, keep)`
-/// writes them. One Lua script reads and writes it, mirroring the
+/// writes them. After a drain the value is 32 bytes for a while, a fourth `f64` holding the
+/// drain's halt (see [`Quota::halts`]); it goes back to 24 bytes with the first write once the
+/// halt is further behind than the limit's refill time plus one interval. Builds from before the
+/// halt refuse a 32-byte value as [`StoreError::WrongType`]: while old and new builds share a
+/// Redis, the old ones fail (and send nothing) on buckets under a halt. One Lua script reads and
+/// writes it, mirroring the
 /// crate's reference arithmetic to the last bit. The script runs with `EVALSHA`; after a
 /// `NOSCRIPT` (a restart, a failover, `SCRIPT FLUSH`) the call is repeated once as `EVAL` with
 /// the script's source, which also loads it into that server's script cache. Both are routed by
@@ -83,7 +91,7 @@ fn script() -> &'static redis::Script {
 /// (`KEEPTTL`); otherwise it sets `keep` one interval further and the expiry to match (`PX`), so
 /// that most writes leave Redis's expiry alone. An idle bucket expires, and the next call sees a
 /// full bucket, which is what it would have computed anyway. A key under the prefix that holds
-/// anything else (another type, or a string that is not 24 bytes) is reported as
+/// anything else (another type, or a string that is neither 24 nor 32 bytes) is reported as
 /// [`StoreError::WrongType`], naming the key by its bucket and fingerprint.
 ///
 /// # Connections
@@ -702,12 +710,14 @@ struct Reply {
     /// The bucket's state as the script left it, where the reply carries it: with a denial, the
     /// state it denied on (and left alone); with an admission with no wait, the state it stored.
     state: Option<State>,
+    /// For a peek, the bucket's halt (0 for none).
+    halt: u64,
 }
 
 /// The script's reply to a call made with `args` at `now`. After an acquire admitted with no
-/// wait, the 24-byte value the script stored, from which the outcome follows by the same
+/// wait, the 24- or 32-byte value the script stored, from which the outcome follows by the same
 /// arithmetic. Otherwise `allowed, wait, remaining, reset, at` as five little-endian `f64`s holding
-/// whole numbers, and after a denial the 24-byte stored value.
+/// whole numbers, then after a denial the stored value, after a peek the halt.
 fn parse_reply(value: &Value, args: &Args, now: u64) -> Result<Reply, StoreError> {
     let bad = || {
         StoreError::Backend(BackendError::new(
@@ -720,7 +730,7 @@ fn parse_reply(value: &Value, args: &Args, now: u64) -> Result<Reply, StoreError
         Value::Array(items) => return parse_denial(items, args, now).ok_or_else(bad),
         _ => return Err(bad()),
     };
-    if bytes.len() == STATE_LEN {
+    if bytes.len() == STATE_LEN || bytes.len() == HALTED_LEN {
         let p = args.limit.params();
         let state = decode(bytes).ok_or_else(bad)?;
         // What a plain admission can store: no debt, and the later of the stored time and now.
@@ -735,6 +745,7 @@ fn parse_reply(value: &Value, args: &Args, now: u64) -> Result<Reply, StoreError
         return Ok(Reply {
             outcome: bucket::write(&p, state.t, state.ts).outcome(),
             state: Some(state),
+            halt: 0,
         });
     }
     let (numbers, rest) = bytes.split_first_chunk::<40>().ok_or_else(bad)?;
@@ -748,10 +759,20 @@ fn parse_reply(value: &Value, args: &Args, now: u64) -> Result<Reply, StoreError
     if allowed > 1 {
         return Err(bad());
     }
-    let state = match rest.len() {
-        0 => None,
-        STATE_LEN => match decode(rest) {
-            Some(state) if storable(&args.limit.params(), state) => Some(state),
+    let peek = matches!(args.op, Op::Peek);
+    let (state, halt) = match rest.len() {
+        0 if !peek => (None, 0),
+        8 if peek => {
+            let mut b = [0; 8];
+            b.copy_from_slice(rest);
+            let halt = f64::from_le_bytes(b);
+            if !bucket::sound_halt(halt) {
+                return Err(bad());
+            }
+            (None, to_whole(halt).ok_or_else(bad)?)
+        }
+        STATE_LEN | HALTED_LEN if !peek => match decode(rest) {
+            Some(state) if storable(&args.limit.params(), state) => (Some(state), 0),
             _ => return Err(bad()),
         },
         _ => return Err(bad()),
@@ -765,6 +786,7 @@ fn parse_reply(value: &Value, args: &Args, now: u64) -> Result<Reply, StoreError
             at,
         },
         state,
+        halt,
     })
 }
 
@@ -786,6 +808,7 @@ fn parse_denial(items: &[Value], args: &Args, now: u64) -> Option<Reply> {
     (!outcome.allowed).then_some(Reply {
         outcome,
         state: Some(state),
+        halt: 0,
     })
 }
 
@@ -807,15 +830,27 @@ fn to_whole(v: f64) -> Option<u64> {
 }
 
 /// A stored value, as the script writes it: `t`, `ts` and `keep`, each an `f64`,
-/// little-endian. `keep` concerns the key's expiry only, so the state leaves it out.
+/// little-endian, and perhaps a halt. `keep` concerns the key's expiry only, and the halt only
+/// a peek (which the script answers itself), so the state leaves them out.
 fn decode(value: &[u8]) -> Option<State> {
-    let ([t, ts, _keep], []) = value.as_chunks::<8>() else {
-        return None;
+    let (t, ts) = match value.as_chunks::<8>() {
+        ([t, ts, _keep], []) | ([t, ts, _keep, _], []) => (t, ts),
+        _ => return None,
     };
     Some(State {
         t: f64::from_le_bytes(*t),
         ts: f64::from_le_bytes(*ts),
     })
+}
+
+/// The halt of a stored value: its fourth `f64`, or 0 for a value of three.
+#[cfg(test)]
+fn decode_halt(value: &[u8]) -> Option<f64> {
+    match value.as_chunks::<8>() {
+        ([_, _, _], []) => Some(0.0),
+        ([_, _, _, halt], []) => Some(f64::from_le_bytes(*halt)),
+        _ => None,
+    }
 }
 
 impl<C, K> RedisStore<C, K>
@@ -999,7 +1034,7 @@ where
             max_wait: 0,
         };
         match self.run(key, self.clock.now_ms(), args).await {
-            Ok(reply) => Ok(Quota::new(reply.outcome, limit)),
+            Ok(reply) => Ok(Quota::new(reply.outcome, limit).with_halt(reply.halt)),
             Err(Failure::Fatal(e)) => Err(e),
             Err(Failure::Outage(e)) => match self.local_limit(limit) {
                 Some(local) => {
@@ -1165,7 +1200,8 @@ mod reply_tests {
                 state: Some(State {
                     t: 9.5,
                     ts: NOW as f64
-                })
+                }),
+                halt: 0,
             }
         );
         // Stored ahead of this process's clock (another's ran ahead): reset counts from the
@@ -1230,7 +1266,8 @@ mod reply_tests {
                     reset: 1500,
                     at: NOW
                 },
-                state: None
+                state: None,
+                halt: 0,
             }
         );
         let mut state = 0.25f64.to_le_bytes().to_vec();
@@ -1281,6 +1318,7 @@ mod reply_tests {
                     t: 0.25,
                     ts: NOW as f64
                 }),
+                halt: 0,
             }
         );
         // In debt from a reservation, stored ahead of this process's clock: counted from the
@@ -1318,6 +1356,56 @@ mod reply_tests {
         ] {
             assert!(refused(&bad, &acquire()), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_halted_value_and_a_peek_with_its_halt_parse() {
+        // An admission's stored value with a halt after it: the state is the same.
+        let Value::BulkString(mut bytes) = state(9.5, NOW as f64) else {
+            unreachable!("state() makes a bulk string")
+        };
+        bytes.extend_from_slice(&((NOW + 2_000) as f64).to_le_bytes());
+        assert_eq!(decode_halt(&bytes), Some((NOW + 2_000) as f64));
+        let admit =
+            parse_reply(&Value::BulkString(bytes.clone()), &acquire(), NOW).expect("parses");
+        assert_eq!(admit.state.map(|s| s.t), Some(9.5));
+        // A denial carrying it.
+        let denial = Value::Array(vec![Value::BulkString(bytes)]);
+        assert!(
+            parse_reply(&denial, &acquire(), NOW).is_err(),
+            "9.5 tokens admit"
+        );
+        let peek = Args {
+            op: Op::Peek,
+            ..acquire()
+        };
+        let halt = ((NOW + 2_000) as f64).to_le_bytes();
+        let reply = parse_reply(
+            &packed([0.0, 100.0, 0.0, 1000.0, NOW as f64], &halt),
+            &peek,
+            NOW,
+        )
+        .expect("parses");
+        assert_eq!(reply.halt, NOW + 2_000);
+        // A peek always carries a halt, whole and in range; nothing else carries one.
+        for bad in [
+            packed([0.0, 100.0, 0.0, 1000.0, NOW as f64], b""),
+            packed([0.0, 100.0, 0.0, 1000.0, NOW as f64], &0.5f64.to_le_bytes()),
+            packed(
+                [0.0, 100.0, 0.0, 1000.0, NOW as f64],
+                &(-1.0f64).to_le_bytes(),
+            ),
+            packed(
+                [0.0, 100.0, 0.0, 1000.0, NOW as f64],
+                &f64::NAN.to_le_bytes(),
+            ),
+        ] {
+            assert!(refused(&bad, &peek), "{bad:?}");
+        }
+        assert!(refused(
+            &packed([1.0, 0.0, 9.0, 1500.0, NOW as f64], &halt),
+            &acquire()
+        ));
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //!
 //! Random traces (limits, times with skew, costs, reservations, refunds, drains) run through
 //! `bucket.rs` and through the script. After every step the two must give the same answer, the
-//! same stored state to the last bit of each `f64`, the same `keep` (until when the key is kept)
+//! same stored state to the last bit of each `f64`, the same `keep` (until when the key is kept),
+//! the same halt (and so the same length of the stored value, 24 bytes without one, 32 with),
 //! and the same TTL, or none where the script must keep the expiry; a step that must not write
 //! must leave the key untouched. The mutation test then edits single lines of the script's
 //! arithmetic and stored encoding, and checks that the same traces catch every edit.
@@ -11,7 +12,7 @@ use std::fmt::Write as _;
 
 use redis::aio::MultiplexedConnection;
 
-use super::{Args, Op, decode, script};
+use super::{Args, Op, decode, decode_halt, script};
 use crate::Limit;
 use crate::bucket::{self, MAX_TIME, State};
 
@@ -180,12 +181,22 @@ async fn trace(
     Ok(())
 }
 
-/// What the reference says the key holds: the bucket's state, and until when the script keeps
-/// the key (0 while there is no key).
+/// What the reference says the key holds: the bucket's state, until when the script keeps the
+/// key (0 while there is no key), the halt (0 for none), and the value's length (24 bytes, or
+/// 32 with a halt; a value planted with a halt of 0 keeps its 32 until a write).
 #[derive(Default)]
 struct Stored {
     state: Option<State>,
     keep: f64,
+    halt: f64,
+    len: usize,
+}
+
+impl Stored {
+    fn set_halt(&mut self, halt: f64) {
+        self.halt = halt;
+        self.len = if halt == 0.0 { 24 } else { 32 };
+    }
 }
 
 /// One operation of a trace, at `now`: x is the cost for acquire and refund, the deadline for
@@ -216,8 +227,11 @@ async fn check_step(
 ) -> Result<bucket::Outcome, String> {
     let p = limit.params();
     let state = stored.state;
+    // The halt the call sees, and stores if it writes.
+    let drain = matches!(op, Op::Drain).then_some(x);
+    let halt = bucket::halt(&p, state, stored.halt, now, drain);
     // A stored time beyond the lead bound is moved back and stored at once by every operation
-    // but peek, kept by the first estimate of the refill time.
+    // but peek, kept by the first estimate of the refill time, with no halt.
     let mut ttl = None;
     let lead_max = bucket::time(now) + p.lead();
     if let Some(s) = state.filter(|s| s.ts > lead_max && !matches!(op, Op::Peek)) {
@@ -226,6 +240,7 @@ async fn check_step(
         let now = bucket::time(now);
         stored.keep = now + e + p.interval + p.interval;
         stored.state = Some(State { t: s.t, ts: now });
+        stored.set_halt(0.0);
         ttl = Some((stored.keep - now) as i64);
     }
     let (expected, write) = match op {
@@ -257,6 +272,7 @@ async fn check_step(
             ttl = Some((stored.keep - w.at) as i64);
         }
         stored.state = Some(w.state);
+        stored.set_halt(halt);
     }
     let state = stored.state;
     let args = Args {
@@ -320,6 +336,27 @@ async fn check_step(
     if !same(state, in_redis) {
         return Err(format!(
             "{log}  state: reference {state:?}, lua {in_redis:?}"
+        ));
+    }
+    let in_redis_halt = value.as_deref().and_then(decode_halt);
+    let len = value.as_deref().map_or(0, <[u8]>::len);
+    if in_redis.is_some()
+        && (in_redis_halt.map(f64::to_bits) != Some(stored.halt.to_bits()) || len != stored.len)
+    {
+        return Err(format!(
+            "{log}  halt: reference {} in {} bytes, lua {in_redis_halt:?} in {len} bytes",
+            stored.halt, stored.len
+        ));
+    }
+    let peeked = if matches!(op, Op::Peek) {
+        halt as u64
+    } else {
+        0
+    };
+    if reply.halt != peeked {
+        return Err(format!(
+            "{log}  peeked halt: reference {peeked}, lua {}",
+            reply.halt
         ));
     }
     // A denial carries the state it denied on (nothing was written, so it is the state now),
@@ -397,12 +434,34 @@ async fn corners(
 /// the key left alone, or decided by both alike.
 const PLANTED_NOW: u64 = 1_700_000_000_000;
 
-fn planted_values() -> Vec<(f64, f64, f64)> {
+fn planted_values() -> Vec<(f64, f64, f64, Option<f64>)> {
     let now = PLANTED_NOW as f64;
     let year = 365.0 * 86_400_000.0;
     // 2 * 2^44 * 10 / 1000 + 10: more debt than this no reservation or drain leaves.
     let most_debt = 2.0 * bucket::MAX_WAIT as f64 * 10.0 / 1000.0 + 10.0;
-    vec![
+    // 10 per second, burst 10: one second to refill, so a halt is kept until 2 s behind.
+    let lead = 2_000.0;
+    let mut halted = vec![
+        // sound: a halt ahead, one just inside the lead bound and one just out of it, none (a
+        // zero, in 32 bytes), one on a clock ten years ahead, the latest time
+        (-10.0, now, now + 10_000.0, Some(now + 1_000.0)),
+        (5.0, now - 100.0, now + 5_000.0, Some(now - lead + 1.0)),
+        (5.0, now - 100.0, now + 5_000.0, Some(now - lead)),
+        (5.0, now - 100.0, now + 5_000.0, Some(0.0)),
+        (
+            9.0,
+            now + 10.0 * year,
+            now + 10.0 * year + 3_000.0,
+            Some(now + 10.0 * year + 500.0),
+        ),
+        (-10.0, now, now + 10_000.0, Some(MAX_TIME as f64)),
+        // not sound
+        (5.0, now, now + 5_000.0, Some(-1.0)),
+        (5.0, now, now + 5_000.0, Some(now + 0.5)),
+        (5.0, now, now + 5_000.0, Some(f64::NAN)),
+        (5.0, now, now + 5_000.0, Some(MAX_TIME as f64 + 1.0)),
+    ];
+    let mut values: Vec<_> = vec![
         // sound: part full, in debt, a writer ten years ahead, one in 1970, the largest debt
         (5.0, now - 100.0, now + 5_000.0),
         (-10.0, now, now + 10_000.0),
@@ -425,6 +484,11 @@ fn planted_values() -> Vec<(f64, f64, f64)> {
         (1.0, now, -1.0),
         (1.0, now, 36_028_797_018_963_968.0),
     ]
+    .into_iter()
+    .map(|(t, ts, keep)| (t, ts, keep, None))
+    .collect();
+    values.append(&mut halted);
+    values
 }
 
 /// Runs every operation on every [`planted_values`] through the reference and through `lua`,
@@ -444,13 +508,17 @@ async fn planted(
         (Op::Refund, 1, 0),
         (Op::Drain, now + 5_000, 0),
     ];
-    for (t, ts, keep) in planted_values() {
-        let value = [t.to_le_bytes(), ts.to_le_bytes(), keep.to_le_bytes()].concat();
+    for (t, ts, keep, halt) in planted_values() {
+        let mut value = [t.to_le_bytes(), ts.to_le_bytes(), keep.to_le_bytes()].concat();
+        if let Some(halt) = halt {
+            value.extend_from_slice(&halt.to_le_bytes());
+        }
         // Any keep is safe: a write trusts it only within an interval of what it needs.
-        let sound = bucket::sound(&p, State { t, ts });
+        let sound = bucket::sound(&p, State { t, ts }) && bucket::sound_halt(halt.unwrap_or(0.0));
         for (op, x, max_wait) in steps {
-            let log =
-                format!("planted t={t} ts={ts} keep={keep}\n  {op:?} x={x} max_wait={max_wait}\n");
+            let log = format!(
+                "planted t={t} ts={ts} keep={keep} halt={halt:?}\n  {op:?} x={x} max_wait={max_wait}\n"
+            );
             let _: () = redis::cmd("SET")
                 .arg(key)
                 .arg(&value[..])
@@ -461,6 +529,8 @@ async fn planted(
                 let mut stored = Stored {
                     state: Some(State { t, ts }),
                     keep,
+                    halt: halt.unwrap_or(0.0),
+                    len: value.len(),
                 };
                 let step = Step {
                     now,
@@ -582,10 +652,55 @@ const MUTANTS: &[(&str, &str)] = &[
         "local op, now, interval, tokens, capacity, x, max_wait, lead, most_debt =",
     ),
     ("if now > MAX_TIME then now = MAX_TIME end", ""),
-    ("if #stored ~= 24 then", "if #stored ~= 25 then"),
+    ("if #stored == 24 then", "if #stored == 25 then"),
     (
         "t, ts, keep = struct.unpack('<ddd', stored)",
         "t, ts, keep = struct.unpack('>ddd', stored)",
+    ),
+    // the halt: read, kept, dropped, set by a drain, written and peeked
+    ("elseif #stored == 32 then", "elseif #stored == 33 then"),
+    (
+        "t, ts, keep, halt = struct.unpack('<dddd', stored)",
+        "t, ts, keep = struct.unpack('<ddd', stored)",
+    ),
+    ("    halt = 0\n    if op ~= 2 then", "    if op ~= 2 then"),
+    (
+        "if halt ~= 0 and not (halt + lead > ts2) then halt = 0 end",
+        "",
+    ),
+    (
+        "if halt ~= 0 and not (halt + lead > ts2) then halt = 0 end",
+        "if halt ~= 0 and not (halt + lead >= ts2) then halt = 0 end",
+    ),
+    (
+        "local first = ready_at(floor, ts2, 1)",
+        "local first = ready_at(t2, ts2, 1)",
+    ),
+    (
+        "local first = ready_at(floor, ts2, 1)",
+        "local first = ready_at(floor, ts2, 1) + 1",
+    ),
+    ("if first > MAX_TIME then first = MAX_TIME end", ""),
+    ("if first > halt then halt = first end", "halt = first"),
+    (
+        "    local stored2 = halt == 0 and struct.pack('<ddd', t2, ts2, keep)\n      or",
+        "    local stored2 = halt ~= 0 and struct.pack('<ddd', t2, ts2, keep)\n      or",
+    ),
+    (
+        "    or struct.pack('<dddd', t2, ts2, need + interval, halt)",
+        "    or struct.pack('<dddd', t2, ts2, need + interval, 0)",
+    ),
+    (
+        "  local stored2 = halt == 0 and struct.pack('<ddd', t2, ts2, keep)\n    or struct.pack('<dddd', t2, ts2, keep, halt)\n  redis.call('SET', key, stored2, 'KEEPTTL')",
+        "  local stored2 = struct.pack('<ddd', t2, ts2, keep)\n  redis.call('SET', key, stored2, 'KEEPTTL')",
+    ),
+    (
+        "  local stored2 = halt == 0 and struct.pack('<ddd', t2, ts2, keep)\n    or struct.pack('<dddd', t2, ts2, keep, halt)\n  redis.call('SET', key, stored2, 'PX'",
+        "  local stored2 = struct.pack('<dddd', t2, ts2, keep, halt)\n  redis.call('SET', key, stored2, 'PX'",
+    ),
+    (
+        "avail >= 1 and 1 or 0, next_in, left, reset, ts2, halt)",
+        "avail >= 1 and 1 or 0, next_in, left, reset, ts2, 0)",
     ),
     ("if not (elapsed > 0) then elapsed = 0 end", ""),
     (
@@ -610,16 +725,16 @@ const MUTANTS: &[(&str, &str)] = &[
         "  if need <= keep + interval then\n    local",
     ),
     (
-        "local stored2 = struct.pack('<ddd', t2, ts2, keep)",
-        "local stored2 = struct.pack('<ddd', t2, ts2, keep + 1)",
+        "    local stored2 = halt == 0 and struct.pack('<ddd', t2, ts2, keep)\n      or",
+        "    local stored2 = halt == 0 and struct.pack('<ddd', t2, ts2, keep + 1)\n      or",
     ),
     (
         "    return stored2\n  end",
         "    return struct.pack('<ddd', t2 + 1, ts2, keep)\n  end",
     ),
     (
-        "local stored2 = struct.pack('<ddd', t2, ts2, need + interval)",
-        "local stored2 = struct.pack('<ddd', ts2, t2, need + interval)",
+        "local stored2 = halt == 0 and struct.pack('<ddd', t2, ts2, need + interval)",
+        "local stored2 = halt == 0 and struct.pack('<ddd', ts2, t2, need + interval)",
     ),
     (
         "string.format('%d', need + interval - ts2))",
@@ -661,8 +776,8 @@ const MUTANTS: &[(&str, &str)] = &[
     ("\n  if not (reset > 0) then reset = 0 end", ""),
     ("\n    if not (reset > 0) then reset = 0 end", ""),
     (
-        "return struct.pack('<ddddd', avail >= 1 and 1 or 0, next_in, left, reset, ts2)",
-        "return struct.pack('<ddddd', avail > 1 and 1 or 0, next_in, left, reset, ts2)",
+        "return struct.pack('<dddddd', avail >= 1 and 1 or 0, next_in, left, reset, ts2, halt)",
+        "return struct.pack('<dddddd', avail > 1 and 1 or 0, next_in, left, reset, ts2, halt)",
     ),
     (
         "ready_at(t, ts, capacity) - ts2, ts2) .. stored",
@@ -688,8 +803,8 @@ const MUTANTS: &[(&str, &str)] = &[
     ),
     ("  keep = need + interval", "  keep = need"),
     (
-        "struct.pack('<ddd', t2, ts2, keep), 'PX'",
-        "struct.pack('>ddd', t2, ts2, keep), 'PX'",
+        "  keep = need + interval\n  local stored2 = halt == 0 and struct.pack('<ddd', t2, ts2, keep)",
+        "  keep = need + interval\n  local stored2 = halt == 0 and struct.pack('>ddd', t2, ts2, keep)",
     ),
     (
         "string.format('%d', keep - ts2))",
@@ -760,6 +875,15 @@ const MUTANTS: &[(&str, &str)] = &[
     ("  if ts > lead_max then", "  if ts >= lead_max then"),
     // the stored value's validation, caught by the planted values
     ("and ts % 1 == 0", ""),
+    ("and halt % 1 == 0", ""),
+    (
+        "      and halt >= 0 and halt <= MAX_TIME",
+        "      and halt <= MAX_TIME",
+    ),
+    (
+        "      and halt >= 0 and halt <= MAX_TIME",
+        "      and halt >= 0",
+    ),
     ("t >= -most_debt", "t >= -2 * most_debt"),
     ("and t <= MAX_TOKENS", ""),
     ("      and ts >= 0 and ts <= MAX_TIME", "      and ts >= 0"),
