@@ -194,7 +194,7 @@ fn fingerprint_salt() -> &'static HmacSha256 {
 }
 
 /// An application secret that keys the hashes of secret keys: see [`BucketKey::keyed`],
-/// `KeyExtractor::header_keyed` (feature `tower`) and `RateLimitMiddleware::account_header_keyed`
+/// `KeyExtractor::keyed_header` (feature `tower`) and `RateLimitMiddleware::key_secret`
 /// (feature `reqwest`).
 ///
 /// Give it at least 16 random bytes from your secret store, the same in every process that shares

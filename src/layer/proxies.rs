@@ -46,7 +46,22 @@ static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 /// (IPv6 by its `/64`, see [`Ipv6Prefix`](super::Ipv6Prefix)).
 ///
 /// Every address in a trusted network can name any client, so list your proxies' networks
-/// only, never the networks your clients connect from.
+/// only, never the networks your clients connect from; a network of every address is refused
+/// ([`InvalidProxy::Everyone`]).
+///
+/// What the walk cannot know, and you should check against your proxies:
+///
+/// - Several header lines are read as one list, in order. A proxy that appends the client to
+///   the first of several lines the client sent, and passes the others on, would let the
+///   client's later lines stand right of its real address; proxies that merge or replace the
+///   lines (as HTTP allows them to) are safe.
+/// - A request keyed by a trusted hop (step 3 or 4) shares that hop's bucket with its other
+///   such requests, its health checks included.
+/// - Only IPv4-mapped addresses are read as IPv4. Behind a NAT64 translator every IPv4 client
+///   arrives from `64:ff9b::/96`, one `/64`; key such traffic with
+///   [`from_fn`](super::KeyExtractor::from_fn) on the embedded address, or group by `/128`.
+///   The `/64` of a Teredo (`2001::/32`) address is its relay's, shared by its clients, and a
+///   6to4 (`2002::/16`) host owns a `/48`.
 ///
 /// ```
 /// use std::net::IpAddr;
@@ -198,6 +213,14 @@ pub enum InvalidProxy {
         /// The entry's position in the list.
         index: usize,
     },
+    /// Entry number `index` (from 0) is every address (`0.0.0.0/0`, `::/0`, or `::ffff:0:0/96`,
+    /// every IPv4-mapped one): trusting every peer would let any client name its own bucket in
+    /// the header. Use [`KeyExtractor::peer_ip`](super::KeyExtractor::peer_ip) if there is no
+    /// proxy, or list the proxies' networks.
+    Everyone {
+        /// The entry's position in the list.
+        index: usize,
+    },
 }
 
 impl fmt::Display for InvalidProxy {
@@ -210,6 +233,10 @@ impl fmt::Display for InvalidProxy {
             Self::HostBits { index } => write!(
                 f,
                 "trusted proxy {index} has bits set past its prefix length"
+            ),
+            Self::Everyone { index } => write!(
+                f,
+                "trusted proxy {index} is every address, which would let clients choose their key"
             ),
         }
     }
@@ -235,7 +262,15 @@ fn parse_net(s: &str, index: usize) -> Result<IpNet, InvalidProxy> {
         && let Some(v4) = v6.network().to_ipv4_mapped()
         && let Ok(v4) = Ipv4Net::new(v4, v6.prefix_len() - 96)
     {
-        return Ok(IpNet::V4(v4));
+        return checked(IpNet::V4(v4), index);
+    }
+    checked(net, index)
+}
+
+/// Refuses a network of every address.
+fn checked(net: IpNet, index: usize) -> Result<IpNet, InvalidProxy> {
+    if net.prefix_len() == 0 {
+        return Err(InvalidProxy::Everyone { index });
     }
     Ok(net)
 }
@@ -492,5 +527,18 @@ mod tests {
             InvalidProxy::HostBits { index: 3 }.to_string(),
             "trusted proxy 3 has bits set past its prefix length"
         );
+    }
+
+    #[test]
+    fn trusting_every_address_lets_a_client_choose_its_key_and_is_refused() {
+        for everyone in ["0.0.0.0/0", "::/0", "::ffff:0:0/96"] {
+            assert_eq!(
+                TrustedProxies::new(["10.0.0.0/8", everyone]).map(drop),
+                Err(InvalidProxy::Everyone { index: 1 }),
+                "{everyone}"
+            );
+        }
+        // Broad networks that are not everything stay allowed.
+        assert!(TrustedProxies::new(["10.0.0.0/8", "::ffff:10.0.0.0/104", "fc00::/7"]).is_ok());
     }
 }

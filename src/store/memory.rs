@@ -28,6 +28,10 @@ const SHARDS_PER_THREAD: usize = 8;
 /// The fewest shards a store has.
 const MIN_SHARDS: usize = 16;
 
+/// The most shards a store has (8 MB of them), however large its bound: the shards are made up
+/// front, so a bound mistyped by a few orders of magnitude must not allocate gigabytes.
+const MAX_SHARDS: usize = 1 << 16;
+
 /// How often, at most, a shard that new keys reach rebuilds its table, dropping buckets that have
 /// been full for [`GRACE_MS`] and taking in its new keys: once a second, and half a millisecond
 /// less often per bucket it holds ([`SWEEP_MS_PER_BUCKET`]), so that a large store that sees a
@@ -98,16 +102,21 @@ static NEXT_STORE: AtomicU64 = AtomicU64::new(1);
 /// [`bounded`](Self::bounded), spread evenly over the shards. A key new to a shard that holds its
 /// share first makes the shard drop its full buckets; if that is not room enough, the shard
 /// forgets buckets down to seven eighths of its share, those that will be full soonest first.
-/// A forgotten bucket starts full when its key comes back, so its key gains at most the tokens
-/// it had spent and not yet refilled (never more than the burst), and the buckets chosen are
-/// those with the least of that left. A bucket in debt (reservations wait on it, or a drain holds
-/// it empty) is never forgotten; a new key that finds its shard full of such buckets is refused
-/// with [`StoreError::TooManyBuckets`], and nothing is forgotten. A flood of made-up keys (a
+/// A forgotten bucket starts full when its key comes back, so its key gains the tokens it had
+/// spent and not yet refilled: at most its burst. The choice is by time, since a bucket does not
+/// know its limit: a bucket of a fast limit that spent its whole burst can be full sooner, and
+/// so be forgotten before, one of a slow limit that spent a single token. A bucket in debt
+/// (reservations wait on it, or a drain holds it empty) is never forgotten; a new key that finds
+/// its shard full of such buckets is refused with [`StoreError::TooManyBuckets`], and nothing
+/// is forgotten; for a second after that, new keys of that shard are refused without looking
+/// again. A flood of made-up keys (a
 /// header-keyed rule under attack) therefore costs a bounded amount of memory, and over-admits
 /// only the keys it pushes out, each by less than its burst. A bucket costs its 64-byte slot, a
 /// 4-byte index entry with room to spare, and, for a key longer than 30 bytes (a hashed key is
 /// the bucket name and 65 more), the key on the heap; `examples/memory_flood.rs` prints what a
-/// flood costs.
+/// flood costs. The bound counts the buckets of the current tables; a thread that decided on the
+/// store and then went idle keeps the tables it last saw (see below), so in the worst case,
+/// right after a flood, memory reaches the bound's worth once more for each such thread.
 ///
 /// Each thread that decides on a store keeps its own reference to each shard's table (for its
 /// last four stores), so that finding a table costs it no write to memory another thread uses.
@@ -224,6 +233,9 @@ struct Shard {
     locked_decisions: usize,
     /// How many of the new keys the table had no room for when it was made.
     overflow: usize,
+    /// Until when a new key finds no room without looking: the last eviction found every
+    /// bucket in debt.
+    no_room_until: f64,
 }
 
 /// A key new to a shard found the shard at its bound, with every bucket in debt: none can be
@@ -481,6 +493,7 @@ impl<C: Clock> MemoryStore<C> {
         let parallelism = std::thread::available_parallelism().map_or(1, |n| n.get());
         let count = (parallelism * SHARDS_PER_THREAD)
             .max(max_buckets.div_ceil(MAX_BUCKETS_PER_SHARD))
+            .min(MAX_SHARDS)
             .next_power_of_two()
             .max(MIN_SHARDS);
         let shards = (0..count)
@@ -491,6 +504,7 @@ impl<C: Clock> MemoryStore<C> {
                     rebuild_at: 0.0,
                     locked_decisions: 0,
                     overflow: 0,
+                    no_room_until: 0.0,
                 }))
             })
             .collect();
@@ -643,9 +657,15 @@ impl<C: Clock> MemoryStore<C> {
             (Err(_), Some(w)) if w.full > now => {
                 let cap = self.inner.shard_cap;
                 if shard.held() >= cap {
+                    // A shard that found nothing to forget a moment ago is refused at once:
+                    // rebuilding it for every new key would cost each a copy of the shard.
+                    if now < shard.no_room_until {
+                        return Err(Full);
+                    }
                     shard.rebuild_evicting(now, hasher, cap);
                     self::refresh_view(&self.inner, index, &shard.table);
                     if shard.held() >= cap {
+                        shard.no_room_until = now + SWEEP_EVERY_MS;
                         return Err(Full);
                     }
                 }
@@ -938,6 +958,46 @@ impl<C: Clock> BucketStore for MemoryStore<C> {
             })
             .map_err(|Full| self.too_many()),
         )
+    }
+}
+
+impl<C: Clock> MemoryStore<C> {
+    /// Drains `key`'s bucket until `until` (milliseconds since the epoch) if the store holds one,
+    /// and creates none otherwise: for the local buckets of `OutagePolicy::Local`, which must
+    /// not hold a bucket for every key Redis decides on.
+    #[cfg(feature = "redis")]
+    pub(crate) fn drain_held(&self, key: &BucketKey, limit: Limit, until: u64) {
+        let p = limit.params();
+        // A held bucket needs no room, so this cannot fail.
+        let _ = self.with_bucket(key, |state, now| match state {
+            Some(_) => ((), Some(bucket::drain_until(&p, state, now, until))),
+            None => ((), None),
+        });
+    }
+
+    /// Gives `key`, if the store holds no bucket for it, one that was empty at `since`
+    /// (milliseconds since the epoch) and has refilled from there: what it would hold had it
+    /// been drained with every decision made elsewhere until then. Nothing for `since` zero.
+    #[cfg(feature = "redis")]
+    pub(crate) fn seed_empty(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+        since: u64,
+    ) -> Result<(), StoreError> {
+        if since == 0 {
+            return Ok(());
+        }
+        let p = limit.params();
+        self.with_bucket(key, |state, now| match state {
+            // A bucket full by now says nothing a missing one does not.
+            None => (
+                (),
+                Some(bucket::write(&p, 0.0, bucket::time(since.min(now)))),
+            ),
+            Some(_) => ((), None),
+        })
+        .map_err(|Full| self.too_many())
     }
 }
 
@@ -1520,6 +1580,20 @@ mod tests {
         );
         let drained = now_or_never(store.drain_until(&others[1], limit, SystemTime::now()));
         assert!(matches!(drained, Err(StoreError::TooManyBuckets { .. })));
+        // Refused again without rebuilding the shard for each new key: its table stays the one
+        // the first refusal made.
+        let index = store
+            .inner
+            .shard_of(hash(&store.inner.hasher, first.as_str().as_bytes()));
+        let table = |store: &MemoryStore<ManualClock>| {
+            Arc::as_ptr(&lock(&store.inner.shards[index].0).table.buckets) as *const Slot
+        };
+        let before = table(&store);
+        for _ in 0..10 {
+            let refused = now_or_never(store.acquire(&others[0], limit, 1, Duration::ZERO));
+            assert!(matches!(refused, Err(StoreError::TooManyBuckets { .. })));
+        }
+        assert_eq!(table(&store), before, "no rebuild per refused key");
         let kept = now_or_never(store.peek(&first, limit)).expect("peeks");
         assert_eq!(kept.remaining(), 0, "the bucket in debt is kept");
         assert!(kept.next_token_in() > Duration::from_secs(600));

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
@@ -179,8 +180,12 @@ pub struct RedisStore<C, K = SystemClock> {
     local: MemoryStore<Arc<K>>,
     /// Keys this process admitted from its local buckets since Redis last decided on them: Redis
     /// refilled their buckets meanwhile, uncharged, and is drained before it decides on them
-    /// again.
+    /// again. At most as many as the local store holds buckets.
     touched: Arc<Mutex<HashSet<Box<str>>>>,
+    /// When Redis last answered a decision, in milliseconds since the epoch: a key with no local
+    /// bucket starts an outage empty as of then, as if its local bucket had been drained with
+    /// every decision Redis made, without holding a local bucket for every key.
+    last_answer: Arc<AtomicU64>,
 }
 
 /// The pipeline buffer of [`RedisStore::connect`]'s connection: two groups at 16 tasks, which is
@@ -254,6 +259,7 @@ where
             reconnect: None,
             local: MemoryStore::with_clock(Arc::clone(&clock)),
             touched: Arc::default(),
+            last_answer: Arc::default(),
             clock,
             prefix: Arc::from(DEFAULT_PREFIX),
             timeout: DEFAULT_TIMEOUT,
@@ -288,6 +294,7 @@ where
             deny: self.deny.as_ref().map(|_| Arc::new(DenyCache::new())),
             local: MemoryStore::with_clock(Arc::clone(&self.clock)),
             touched: Arc::default(),
+            last_answer: Arc::default(),
             ..self
         })
     }
@@ -301,6 +308,7 @@ where
             reconnect: self.reconnect,
             local: MemoryStore::with_clock(Arc::clone(&clock)),
             touched: Arc::default(),
+            last_answer: Arc::default(),
             clock,
             prefix: self.prefix,
             timeout: self.timeout,
@@ -918,6 +926,20 @@ where
             }
             OutagePolicy::Local { .. } => match self.local_limit(limit) {
                 Some(local) if cost <= local.burst() => {
+                    // A key with no local bucket starts empty as of Redis's last answer.
+                    let last = self.last_answer.load(Ordering::Relaxed);
+                    self.local.seed_empty(key, local, last)?;
+                    // Every key admitted here must be remembered, for Redis to be charged when
+                    // it is back: past the bound, a new key gets the outage's error, the
+                    // fail-closed answer, rather than tokens nobody would charge. (Calls racing
+                    // past the check can pass the bound by as many as run at once.)
+                    let full = {
+                        let touched = self.touched.lock().unwrap_or_else(PoisonError::into_inner);
+                        touched.len() >= self.local.max_buckets() && !touched.contains(key.as_str())
+                    };
+                    if full {
+                        return Err(error);
+                    }
                     let d = self.local.acquire(key, local, cost, max_wait).await?;
                     if d.is_admitted() {
                         self.touched
@@ -989,9 +1011,10 @@ where
                 if let Some(local) = local {
                     // Redis decides: the local bucket is kept empty meanwhile, so that the next
                     // outage starts from nothing rather than from what refilled since the last.
-                    let until = std::time::UNIX_EPOCH + Duration::from_millis(now);
-                    // A local bucket never fails.
-                    let _ = self.local.drain_until(key, local, until).await;
+                    // Only a bucket the local store holds is drained; one it does not hold
+                    // starts the outage empty as of this answer (`last_answer`).
+                    self.last_answer.fetch_max(now, Ordering::Relaxed);
+                    self.local.drain_held(key, local, now);
                 }
                 if let Some(cache) = &self.deny {
                     match (reply.outcome.allowed, reply.state) {
@@ -1126,6 +1149,7 @@ impl<C: Clone, K> Clone for RedisStore<C, K> {
             deny: self.deny.clone(),
             local: self.local.clone(),
             touched: Arc::clone(&self.touched),
+            last_answer: Arc::clone(&self.last_answer),
         }
     }
 }
@@ -1470,5 +1494,46 @@ mod reply_tests {
         for value in bad {
             assert!(refused(&value, &acquire()), "{value:?}");
         }
+    }
+}
+
+#[cfg(test)]
+mod local_bucket_tests {
+    //! What `OutagePolicy::Local` keeps in memory while Redis answers.
+
+    use std::num::NonZeroU32;
+
+    use super::*;
+    use crate::ManualClock;
+
+    use super::differential::redis_server;
+
+    #[tokio::test]
+    async fn the_local_policy_holds_a_local_bucket_for_every_key_redis_decides_on() {
+        let conn = redis::Client::open(redis_server::url())
+            .expect("a valid Redis URL")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("a connection to the test Redis");
+        let clock = ManualClock::new(1_767_225_600_000);
+        let processes = NonZeroU32::new(2).expect("non-zero");
+        let store = RedisStore::new(conn)
+            .with_prefix(&redis_server::unique_prefix())
+            .expect("a valid prefix")
+            .with_clock(clock.clone())
+            .on_outage(OutagePolicy::Local { processes });
+        let limit = Limit::per_minute(10).expect("a valid limit");
+        for i in 0..2_000 {
+            let key = BucketKey::new("many", format!("made-up-{i}")).expect("a valid key");
+            let d = store.acquire(&key, limit, 1, Duration::ZERO).await;
+            assert!(d.is_ok_and(|d| d.is_admitted()));
+        }
+        // Redis decided on every one: no local bucket is needed for any of them.
+        assert_eq!(store.local.len(), 0, "local buckets held");
+        assert_eq!(
+            store.last_answer.load(Ordering::Relaxed),
+            clock.now_ms(),
+            "what a key new to an outage starts empty from"
+        );
     }
 }

@@ -17,7 +17,7 @@ use crate::Limit;
 use crate::bucket::{self, MAX_TIME, State};
 
 #[path = "../../../tests/support/redis_server.rs"]
-mod redis_server;
+pub(super) mod redis_server;
 
 /// SplitMix64: tiny, seedable, and the same everywhere, so a failing seed replays exactly.
 struct Rng(u64);
