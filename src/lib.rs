@@ -257,6 +257,8 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod bucket;
+#[cfg(any(feature = "tower", feature = "reqwest"))]
+mod cancel;
 mod clock;
 mod error;
 mod key;

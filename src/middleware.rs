@@ -8,9 +8,9 @@ use http::{Extensions, HeaderMap, HeaderName, Method, StatusCode};
 use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
 
+use crate::cancel::{RefundGuard, acquire_detached};
 use crate::clock::{Clock, SystemClock};
 use crate::key::is_name;
-use crate::store::{BackendError, RefundGuard};
 use crate::{
     BucketKey, BucketStore, Decision, InvalidKey, KeySecret, Limit, RateLimited, Reservation,
     StoreError,
@@ -55,7 +55,10 @@ const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(600);
 ///    (a tokio timer) until its turn, in arrival order with every other worker sharing the
 ///    bucket, and sends. Beyond it, the request is not sent: the middleware returns a
 ///    [`RateLimited`] error, the "local 429". Dropping the request future while it waits gives
-///    the reservation back.
+///    the reservation back, and so does dropping it while the store answers: the store call
+///    runs on a task of its own, which refunds an admission nobody is left to receive (the tower
+///    layer leaves those tokens spent instead; both follow the rule in
+///    `docs/DESIGN.md#cancellation`).
 ///
 ///    A request that waited asks the store once more, at its turn, whether an upstream 429
 ///    drained the bucket past its slot meanwhile ([`Quota::halts`](crate::Quota::halts), from
@@ -239,32 +242,14 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
             .unwrap_or_else(|| unreachable!("a checked bucket name with key \"-\" is valid"))
     }
 
-    /// Takes the request's token on a task of its own, so that a caller that goes away while
-    /// the store answers (a slow Redis) cannot lose the tokens: the task gives them back when
-    /// nobody is left to receive them.
+    /// Takes the request's token on a task of its own (the cancellation rule, `crate::cancel`).
     async fn reserve(
         &self,
         key: &BucketKey,
         limit: Limit,
         max_wait: Duration,
     ) -> Result<Decision, StoreError> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let (store, key) = (self.store.clone(), key.clone());
-        tokio::spawn(async move {
-            let result = store.acquire(&key, limit, 1, max_wait).await;
-            if let Err(Ok(unreceived)) = tx.send(result)
-                && let Some(reservation) = unreceived.reservation()
-                && let Err(e) = store.refund(&key, limit, reservation).await
-            {
-                tracing::warn!(bucket = key.bucket(), error = %e, "refund failed");
-            }
-        });
-        rx.await.unwrap_or_else(|_| {
-            Err(StoreError::Backend(BackendError::new(
-                "the store call ended without an answer",
-                None,
-            )))
-        })
+        acquire_detached(&self.store, key, limit, 1, max_wait).await
     }
 
     /// Whether a drain made while `reservation` waited ends past its slot (see

@@ -471,6 +471,76 @@ async fn dropping_a_request_while_a_later_rule_is_deciding_refunds_the_earlier_r
     assert_eq!(calls.load(Ordering::SeqCst), 0);
 }
 
+/// A store that decides, then takes a second to answer: a slow Redis that has already run the
+/// script.
+#[derive(Clone)]
+struct SlowToAnswer(MemoryStore<TokioClock>);
+
+impl BucketStore for SlowToAnswer {
+    async fn acquire(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+        cost: u32,
+        max_wait: Duration,
+    ) -> Result<Decision, StoreError> {
+        let decision = self.0.acquire(key, limit, cost, max_wait).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        decision
+    }
+
+    async fn peek(&self, key: &BucketKey, limit: Limit) -> Result<Quota, StoreError> {
+        self.0.peek(key, limit).await
+    }
+
+    async fn refund(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+        reservation: burstgate::Reservation,
+    ) -> Result<(), StoreError> {
+        self.0.refund(key, limit, reservation).await
+    }
+
+    async fn drain_until(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+        until: SystemTime,
+    ) -> Result<(), StoreError> {
+        self.0.drain_until(key, limit, until).await
+    }
+}
+
+/// The layer's half of the cancellation rule (`docs/DESIGN.md#cancellation`): the decision runs
+/// inside the request's future, so a request dropped while the store answers leaves the tokens
+/// the store took spent, the safe direction. (The middleware refunds them instead.)
+#[tokio::test(start_paused = true)]
+async fn a_request_dropped_while_the_store_answers_leaves_its_tokens_spent() {
+    let memory = MemoryStore::with_clock(TokioClock::new());
+    let calls = Arc::new(AtomicUsize::new(0));
+    let mut svc = RateLimitLayer::new(SlowToAnswer(memory.clone()))
+        .rule(per_key(orders()))
+        .layer(counting(&calls));
+    let k1 = header_bucket("per-key", "k1");
+    let mut deciding = Box::pin(
+        svc.ready()
+            .await
+            .expect("the service is ready")
+            .call(request(Some("k1"), "0")),
+    );
+    assert!(poll_once(&mut deciding).await.is_pending());
+    drop(deciding);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let quota = memory.peek(&k1, orders()).await.expect("peeks");
+    assert_eq!(quota.remaining(), 9, "the token the store took stays spent");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        0,
+        "the request never went out"
+    );
+}
+
 /// `RateLimit-Policy` is built once for all the rules; a request that only some of them apply
 /// to must still name just those.
 #[tokio::test(start_paused = true)]

@@ -9,8 +9,8 @@ use tower_service::Service;
 use super::response::{RATELIMIT, RATELIMIT_POLICY};
 use super::service::Verdict;
 use crate::BucketStore;
+use crate::cancel::RefundGuard;
 use crate::store::BoxFuture;
-use crate::store::RefundGuard;
 
 pin_project! {
     /// Response future of [`RateLimit`](super::RateLimit): decides, waits if the request

@@ -84,11 +84,17 @@
 //! With [`RateLimitLayer::max_wait`] above zero, a request that its buckets can serve within the
 //! ceiling reserves its tokens (one store call per rule, no retries) and is passed to the inner
 //! service once they have refilled, after an asynchronous tokio sleep; waiting requests go in
-//! arrival order. Dropping the response future while it waits (the client went away) refunds the
-//! reservation on a spawned task. A request dropped while the store itself is answering (a slow
-//! Redis) may leave its tokens spent: the decision runs inside the request's future, which keeps
-//! the server path free of a task per request, and the error is in the safe direction. The default is no waiting, the usual choice for a server; a
-//! client-side tower stack can set a ceiling instead of failing.
+//! arrival order. The default is no waiting, the usual choice for a server; a client-side tower
+//! stack can set a ceiling instead of failing.
+//!
+//! # Cancellation
+//!
+//! Dropping the response future while it waits (the client went away) gives the reservation
+//! back, through its identity, on a spawned task. A request dropped while the store itself is
+//! answering (a slow Redis) may leave its tokens spent: the decision runs inside the request's
+//! future, which keeps the server path free of a task per request, and the error is in the safe
+//! direction. The reqwest middleware chooses the other way for that case, for reasons that hold
+//! on a client; both follow the one rule in `docs/DESIGN.md#cancellation`.
 //!
 //! # Logs
 //!

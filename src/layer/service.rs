@@ -11,7 +11,7 @@ use super::future::ResponseFuture;
 use super::layer::Config;
 use super::response::{self, Item};
 use super::rule::Plan;
-use crate::store::RefundGuard;
+use crate::cancel::RefundGuard;
 use crate::{BucketKey, BucketStore, Decision, RateLimited, StoreError};
 
 /// The service [`RateLimitLayer`](super::RateLimitLayer) wraps around another.

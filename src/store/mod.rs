@@ -35,10 +35,6 @@ use std::time::{Duration, SystemTime};
 use crate::bucket::Outcome;
 use crate::{BucketKey, Limit};
 
-#[cfg(any(feature = "tower", feature = "reqwest"))]
-mod guard;
-#[cfg(any(feature = "tower", feature = "reqwest"))]
-pub(crate) use guard::RefundGuard;
 mod memory;
 pub use memory::MemoryStore;
 
