@@ -63,6 +63,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let _ = block_on(store.acquire(key, limit, 1, Duration::ZERO))?;
     }
 
+    // A control: the same decisions with no flood beside them, for what the machine alone adds
+    // to the worst case (preemption, page faults), with no rebuild to wait behind.
+    let mut quiet = Latencies::default();
+    let quiet_started = Instant::now();
+    while quiet_started.elapsed() < Duration::from_secs(3) {
+        for key in &real {
+            let t = Instant::now();
+            let _ = block_on(store.peek(key, limit));
+            quiet.push(t.elapsed());
+        }
+    }
+    println!("real-key decisions, no flood: {}", quiet.summary());
+
     let stop = Arc::new(AtomicBool::new(false));
     let decider = {
         let store = store.clone();

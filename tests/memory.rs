@@ -32,12 +32,12 @@ fn fresh_keys() -> usize {
 }
 
 /// The store's shard count, as `MemoryStore` sizes it: 8 per thread the machine runs, or one
-/// per 8,192 buckets of its bound (2^20 by default), whichever is more, rounded up to a power
+/// per 4,096 buckets of its bound (2^20 by default), whichever is more, rounded up to a power
 /// of two, at least 16.
 fn shards() -> usize {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     (threads * 8)
-        .max((1 << 20) / 8_192)
+        .max((1 << 20) / 4_096)
         .next_power_of_two()
         .max(16)
 }

@@ -33,13 +33,13 @@ const MIN_SHARDS: usize = 16;
 const MAX_SHARDS: usize = 1 << 16;
 
 /// How often, at most, a shard that new keys reach rebuilds its table, dropping buckets that have
-/// been full for [`GRACE_MS`] and taking in its new keys: once a second, and half a millisecond
-/// less often per bucket it holds ([`SWEEP_MS_PER_BUCKET`]), so that a large store that sees a
+/// been full for [`GRACE_MS`] and taking in its new keys: once a second, and a millisecond less
+/// often per bucket it holds ([`SWEEP_MS_PER_BUCKET`]), so that a large store that sees a
 /// trickle of new keys does not copy all its buckets every second.
 const SWEEP_EVERY_MS: f64 = 1_000.0;
 
-/// See [`SWEEP_EVERY_MS`]: a shard of 8,192 buckets sweeps every four seconds or so.
-const SWEEP_MS_PER_BUCKET: f64 = 0.5;
+/// See [`SWEEP_EVERY_MS`]: a shard of 4,096 buckets sweeps every four seconds or so.
+const SWEEP_MS_PER_BUCKET: f64 = 1.0;
 
 /// How long a bucket stays after it is full again before a shard's own rebuild drops it. A key
 /// decided every few milliseconds at a rate far below its limit is full after each decision;
@@ -63,7 +63,7 @@ const DEFAULT_MAX_BUCKETS: usize = 1 << 20;
 /// How many buckets a shard should hold at most, which sets the shard count of a large store: a
 /// rebuild copies one shard under its lock, and decisions on that shard's keys wait for it, so
 /// the shards are kept small enough that a rebuild is short whatever the store's bound.
-const MAX_BUCKETS_PER_SHARD: usize = 8_192;
+const MAX_BUCKETS_PER_SHARD: usize = 4_096;
 
 /// A shard at its bound evicts down to this share of it (in eighths), so that each eviction,
 /// which rebuilds the shard, makes room for many new keys.
@@ -92,15 +92,16 @@ static NEXT_STORE: AtomicU64 = AtomicU64::new(1);
 ///
 /// A bucket that has refilled to full says nothing a missing one would not (a missing bucket is a
 /// full one), so it is dropped. A shard that new keys reach rebuilds its table at most once a
-/// second, and half a millisecond less often per bucket it holds (every four seconds or so at
-/// 8,192 buckets; sooner while its new keys pile up), and leaves out buckets that have been full
+/// second, and a millisecond less often per bucket it holds (every four seconds or so at 4,096
+/// buckets; sooner while its new keys pile up), and leaves out buckets that have been full
 /// for a second or more; [`sweep`](Self::sweep) rebuilds every shard at once and leaves out
 /// every full bucket. A million keys seen once therefore do not stay in memory longer than their
 /// refill time and a few seconds, once traffic on new keys or a sweep reaches their shard.
 ///
-/// The store holds a bounded number of buckets: 1,048,576 unless built with
-/// [`bounded`](Self::bounded), spread evenly over the shards. A key new to a shard that holds its
-/// share first makes the shard drop its full buckets; if that is not room enough, the shard
+/// The store holds a bounded number of buckets: a bound of 1,048,576 (2^20) unless built with
+/// [`bounded`](Self::bounded), shared out over the shards with an eighth more each (1,179,648
+/// at most, [`max_buckets`](Self::max_buckets)). A key new to a shard that holds its share first
+/// makes the shard drop its full buckets; if that is not room enough, the shard
 /// forgets buckets down to seven eighths of its share, those that will be full soonest first.
 /// A forgotten bucket starts full when its key comes back, so its key gains the tokens it had
 /// spent and not yet refilled: at most its burst. The choice is by time, since a bucket does not
@@ -473,8 +474,8 @@ impl Default for MemoryStore<SystemClock> {
 }
 
 impl<C: Clock> MemoryStore<C> {
-    /// An empty store that reads the time from `clock`, holding at most 1,048,576 (2^20)
-    /// buckets.
+    /// An empty store that reads the time from `clock`, with a bound of 1,048,576 (2^20) buckets
+    /// (see [`bounded`](Self::bounded)).
     pub fn with_clock(clock: C) -> Self {
         Self::bounded(
             NonZeroUsize::MIN.saturating_add(DEFAULT_MAX_BUCKETS - 1),
@@ -482,11 +483,13 @@ impl<C: Clock> MemoryStore<C> {
         )
     }
 
-    /// An empty store that reads the time from `clock` and holds at most about `max_buckets`
-    /// buckets (rounded up to a multiple of its shard count): see [Memory](Self#memory) for
-    /// what happens at the bound.
+    /// An empty store that reads the time from `clock` and holds about `max_buckets` buckets at
+    /// most: each shard holds its even share of the bound and an eighth more, so that uneven
+    /// shards do not forget buckets before the store is full, and the store never more than
+    /// [`max_buckets`](Self::max_buckets). See [Memory](Self#memory) for what happens at the
+    /// bound.
     ///
-    /// The bound also sets the shard count: at least one shard per 8,192 buckets, so that
+    /// The bound also sets the shard count: at least one shard per 4,096 buckets, so that
     /// rebuilding a shard's table stays short however many buckets the store holds.
     pub fn bounded(max_buckets: NonZeroUsize, clock: C) -> Self {
         let max_buckets = max_buckets.get();
@@ -513,15 +516,20 @@ impl<C: Clock> MemoryStore<C> {
                 id: NEXT_STORE.fetch_add(1, Ordering::Relaxed),
                 shards,
                 hasher: DefaultHashBuilder::default(),
-                shard_cap: max_buckets.div_ceil(count),
+                // An eighth above an even share: keys spread over the shards unevenly, and a
+                // shard that evicted at exactly its share would do so before the store was full.
+                shard_cap: {
+                    let share = max_buckets.div_ceil(count);
+                    share.saturating_add(share / 8)
+                },
                 halts: halts::Halts::new(),
             }),
             clock,
         }
     }
 
-    /// The most buckets the store holds: the bound it was built with, rounded up to a multiple
-    /// of its shard count.
+    /// The most buckets the store holds: the bound it was built with, shared out evenly over its
+    /// shards and an eighth more each (see [`bounded`](Self::bounded)).
     pub fn max_buckets(&self) -> usize {
         self.inner.shard_cap * self.inner.shards.len()
     }
@@ -1489,7 +1497,11 @@ mod tests {
     #[test]
     fn a_flood_of_made_up_keys_grows_memory_without_bound() {
         let (store, _) = bounded(1_000);
-        assert_eq!(store.max_buckets(), 1_008, "16 shards of 63");
+        assert_eq!(
+            store.max_buckets(),
+            1_120,
+            "16 shards of 63, and an eighth more each"
+        );
         let limit = five_per_hour();
         for i in 0..50_000 {
             let key = BucketKey::new("flood", format!("made-up-{i}")).expect("a valid key");
