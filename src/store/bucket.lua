@@ -62,6 +62,14 @@ if stored then
     t, ts, keep = struct.unpack('<ddd', stored)
   elseif #stored == 32 then
     t, ts, keep, halt = struct.unpack('<dddd', stored)
+    -- Checked here, where there is one, so that the common value pays nothing for it.
+    if not (halt >= 0 and halt <= MAX_TIME and halt % 1 == 0) then
+      return redis.error_reply('BURSTGATE_CORRUPT burstgate: the value at the key is not one a bucket script writes')
+    end
+    -- A halt further behind than the lead bound (from ts2, the later of now and ts) can stop no
+    -- reservation still waiting: forgotten, and the next write goes back to 24 bytes. (A ts
+    -- moved back below drops the halt anyway.)
+    if not (halt + lead > (now > ts and now or ts)) then halt = 0 end
   else
     return redis.error_reply('WRONGTYPE burstgate: the value at the key is not a bucket')
   end
@@ -71,8 +79,7 @@ if stored then
   -- hang Redis. keep needs no check: a write trusts it only within an interval of what it
   -- needs, which no NaN, negative or far value is, and otherwise sets it again.
   if not (t >= -most_debt and t <= MAX_TOKENS
-      and ts >= 0 and ts <= MAX_TIME and ts % 1 == 0
-      and halt >= 0 and halt <= MAX_TIME and halt % 1 == 0) then
+      and ts >= 0 and ts <= MAX_TIME and ts % 1 == 0) then
     return redis.error_reply('BURSTGATE_CORRUPT burstgate: the value at the key is not one a bucket script writes')
   end
   -- A stored time that leads now by more than lead (the refill time, rounded up, plus one
@@ -106,9 +113,6 @@ local avail = t + elapsed * tokens / interval
 if not (avail < capacity) then avail = capacity end
 local ts2 = ts
 if now > ts then ts2 = now end
--- A halt further behind than the lead bound can stop no reservation still waiting: forgotten,
--- and the next write goes back to 24 bytes.
-if halt ~= 0 and not (halt + lead > ts2) then halt = 0 end
 
 -- The plain admit, the common path, comes first and is written out in full: the functions
 -- below are new closures on every call, which this path does not pay for.

@@ -665,12 +665,16 @@ const MUTANTS: &[(&str, &str)] = &[
     ),
     ("    halt = 0\n    if op ~= 2 then", "    if op ~= 2 then"),
     (
-        "if halt ~= 0 and not (halt + lead > ts2) then halt = 0 end",
+        "    if not (halt + lead > (now > ts and now or ts)) then halt = 0 end",
         "",
     ),
     (
-        "if halt ~= 0 and not (halt + lead > ts2) then halt = 0 end",
-        "if halt ~= 0 and not (halt + lead >= ts2) then halt = 0 end",
+        "    if not (halt + lead > (now > ts and now or ts)) then halt = 0 end",
+        "    if not (halt + lead >= (now > ts and now or ts)) then halt = 0 end",
+    ),
+    (
+        "    if not (halt + lead > (now > ts and now or ts)) then halt = 0 end",
+        "    if not (halt + lead > ts) then halt = 0 end",
     ),
     (
         "local first = ready_at(floor, ts2, 1)",
@@ -877,13 +881,10 @@ const MUTANTS: &[(&str, &str)] = &[
     ("and ts % 1 == 0", ""),
     ("and halt % 1 == 0", ""),
     (
-        "      and halt >= 0 and halt <= MAX_TIME",
-        "      and halt <= MAX_TIME",
+        "if not (halt >= 0 and halt <= MAX_TIME",
+        "if not (halt <= MAX_TIME",
     ),
-    (
-        "      and halt >= 0 and halt <= MAX_TIME",
-        "      and halt >= 0",
-    ),
+    ("halt >= 0 and halt <= MAX_TIME and", "halt >= 0 and"),
     ("t >= -most_debt", "t >= -2 * most_debt"),
     ("and t <= MAX_TOKENS", ""),
     ("      and ts >= 0 and ts <= MAX_TIME", "      and ts >= 0"),
