@@ -1,0 +1,177 @@
+//! A shard's table of buckets: never changed once made, read without the shard's lock, each
+//! bucket behind a lock of its own with the FREE/HELD/GONE protocol.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+
+use super::key::Key;
+use crate::bucket::{State, Write};
+
+/// A shard's buckets: the buckets themselves, one after the other, and an index to them.
+///
+/// The index is an open-addressed table, at most three quarters full, searched by linear probing
+/// from the hash's low bits. Each entry is 4 bytes: the hash's top 8 bits, and the position of
+/// its bucket plus one in the other 24; 0 marks an empty entry, which ends a search. The index is
+/// apart from the buckets so that a search reads only memory no decision writes (a search
+/// through the buckets themselves would read other keys' buckets on the way, and wait for them
+/// whenever another thread had just written them), and small, so that it stays in the caches:
+/// 16 kB for 3,000 keys.
+#[derive(Clone)]
+pub(super) struct Table {
+    pub(super) index: Arc<[u32]>,
+    pub(super) buckets: Arc<[Slot]>,
+}
+
+/// The most buckets a shard's table holds; more stay with the shard's new keys, decided under
+/// its lock. At 64 bytes each, that is a gigabyte in one shard. (A few dozen in unit tests, so
+/// that the model test runs through full tables.)
+pub(super) const MAX_TABLE_LEN: usize = if cfg!(test) { 40 } else { (1 << 24) - 1 };
+
+impl Table {
+    pub(super) fn empty() -> Self {
+        Table {
+            index: Arc::new([0]),
+            buckets: Arc::new([]),
+        }
+    }
+
+    /// The bucket of `id`, locked, if the table has it and it has not gone to a newer table.
+    ///
+    /// A bucket whose tag matches is locked before its key is read: its line then comes from
+    /// another core's cache once, ready to be written, where reading the key first would fetch
+    /// it to read and again to write.
+    #[inline]
+    pub(super) fn hold(&self, hash: u64, id: &str) -> Option<Held<'_>> {
+        let tag = tag_of(hash);
+        let mask = self.index.len().wrapping_sub(1);
+        let mut at = hash as usize & mask;
+        // The index is never full, so a search meets an empty entry within its length.
+        for _ in 0..self.index.len() {
+            let entry = *self.index.get(at)?;
+            if entry >> 24 == tag && entry != 0 {
+                let position = (entry & 0xFF_FFFF) as usize;
+                let slot = self.buckets.get(position.wrapping_sub(1))?;
+                match slot.lock(HELD) {
+                    true if slot.key.is(id) => return Some(Held(slot)),
+                    true => slot.unlock(),
+                    // Gone: the key's bucket, if this is it, is in a newer table.
+                    false if slot.key.is(id) => return None,
+                    false => {}
+                }
+            } else if entry == 0 {
+                return None;
+            }
+            at = (at + 1) & mask;
+        }
+        None
+    }
+}
+
+/// A bucket whose lock is held; dropping it releases the lock.
+pub(super) struct Held<'t>(&'t Slot);
+
+impl Held<'_> {
+    /// Decides on the bucket.
+    #[inline]
+    pub(super) fn decide<T>(
+        self,
+        now_ms: u64,
+        f: impl FnOnce(Option<State>, u64) -> (T, Option<Write>),
+    ) -> T {
+        let (out, write) = f(Some(self.0.state()), now_ms);
+        if let Some(w) = write {
+            self.0.write(&w);
+        }
+        out
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.0.unlock();
+    }
+}
+
+/// A bucket in a table, with its key, on one cache line: a decision on an existing key reads and
+/// writes this line and nothing another thread writes.
+#[repr(align(64))]
+pub(super) struct Slot {
+    /// [`FREE`], [`HELD`] or [`GONE`].
+    pub(super) lock: AtomicU8,
+    pub(super) key: Key,
+    /// The state and the time it is full again, as `f64` bits, read and written under `lock`.
+    pub(super) t: AtomicU64,
+    pub(super) ts: AtomicU64,
+    pub(super) full: AtomicU64,
+}
+
+/// A bucket no decision holds.
+pub(super) const FREE: u8 = 0;
+/// A bucket a decision (or a rebuild) is reading and writing.
+const HELD: u8 = 1;
+/// A bucket copied into a newer table: its state here is stale, and a decision must look in the
+/// shard's current table.
+pub(super) const GONE: u8 = 2;
+
+/// The tag an index entry holds for a hash: its top 8 bits (the index uses the low ones).
+#[inline]
+pub(super) fn tag_of(hash: u64) -> u32 {
+    (hash >> 56) as u32
+}
+
+impl Slot {
+    /// Takes the bucket's lock, unless the bucket has gone to a newer table.
+    #[inline]
+    pub(super) fn lock(&self, to: u8) -> bool {
+        let mut spins = 0;
+        loop {
+            match self
+                .lock
+                .compare_exchange_weak(FREE, to, Ordering::Acquire, Ordering::Relaxed)
+            {
+                Ok(_) => return true,
+                Err(GONE) => return false,
+                Err(_) => wait(&mut spins),
+            }
+        }
+    }
+
+    #[inline]
+    fn unlock(&self) {
+        self.lock.store(FREE, Ordering::Release);
+    }
+
+    /// The state, read under the lock.
+    #[inline]
+    pub(super) fn state(&self) -> State {
+        State {
+            t: f64::from_bits(self.t.load(Ordering::Relaxed)),
+            ts: f64::from_bits(self.ts.load(Ordering::Relaxed)),
+        }
+    }
+
+    /// Writes a new state, under the lock.
+    #[inline]
+    fn write(&self, w: &Write) {
+        self.t.store(w.state.t.to_bits(), Ordering::Relaxed);
+        self.ts.store(w.state.ts.to_bits(), Ordering::Relaxed);
+        self.full.store(w.full.to_bits(), Ordering::Relaxed);
+    }
+}
+
+/// How many times a thread that finds a lock taken checks it again before it gives its core up
+/// for a while.
+const SPINS_BEFORE_YIELD: u32 = 64;
+
+/// One more wait for a lock another thread holds: a spin, or after [`SPINS_BEFORE_YIELD`] of them
+/// a yield to the scheduler, so that a holder that was preempted gets a core back instead of
+/// waiting behind the spinner.
+#[inline]
+pub(super) fn wait(spins: &mut u32) {
+    if *spins < SPINS_BEFORE_YIELD {
+        *spins += 1;
+        std::hint::spin_loop();
+    } else {
+        std::thread::yield_now();
+    }
+}
