@@ -769,7 +769,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
     let driver = if args.raw || args.pipeline.is_some() {
         let sha: String = redis::cmd("SCRIPT")
             .arg("LOAD")
-            .arg(include_str!("../src/store/bucket.lua"))
+            .arg(include_str!("../src/store/redis/bucket.lua"))
             .query_async(&mut conn)
             .await?;
         let sha = Arc::from(sha);

@@ -1,8 +1,8 @@
 //! The reference token-bucket arithmetic (docs/DESIGN.md, "One arithmetic, two mirrors").
 //!
-//! Every store decides through these functions, and `store/bucket.lua` mirrors them operation for
-//! operation. The two must agree to the last bit, so the rules here are stricter than plain Rust
-//! would need:
+//! Every store decides through these functions, and `store/redis/bucket.lua` mirrors them
+//! operation for operation. The two must agree to the last bit, so the rules here are stricter
+//! than plain Rust would need:
 //!
 //! - All arithmetic is in `f64`, in the same order as the Lua. Times are whole milliseconds since
 //!   the Unix epoch, clamped to [`MAX_TIME`] so that every time is an exact `f64`.

@@ -601,7 +601,7 @@ fn traces() -> u64 {
 #[tokio::test]
 async fn lua_and_reference_agree_bit_for_bit() {
     let mut conn = connect().await;
-    let lua = load(&mut conn, include_str!("../bucket.lua")).await;
+    let lua = load(&mut conn, include_str!("bucket.lua")).await;
     assert_eq!(
         lua.get_hash(),
         script().get_hash(),
@@ -893,7 +893,7 @@ const MUTANTS: &[(&str, &str)] = &[
 #[tokio::test]
 async fn every_single_line_mutant_of_the_script_is_caught() {
     let mut conn = connect().await;
-    let source = include_str!("../bucket.lua");
+    let source = include_str!("bucket.lua");
     let key = format!("{}:v3:mutant:k", redis_server::unique_prefix());
     let mut report = String::new();
     for (from, to) in MUTANTS {
