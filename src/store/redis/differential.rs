@@ -12,7 +12,8 @@ use std::fmt::Write as _;
 
 use redis::aio::MultiplexedConnection;
 
-use super::{Args, Op, decode, decode_halt, script};
+use super::script::script;
+use super::wire::{Args, Op, decode, decode_halt};
 use crate::Limit;
 use crate::bucket::{self, MAX_TIME, State};
 
@@ -305,7 +306,8 @@ async fn check_step(
     // PEXPIRE and PTTL each read Redis's clock; no more time than the whole round trip can
     // pass between them.
     let slack = sent.elapsed().as_millis() as i64 + 1;
-    let reply = super::parse_reply(&reply, &args, now).map_err(|e| format!("{log}  reply: {e}"))?;
+    let reply =
+        super::wire::parse_reply(&reply, &args, now).map_err(|e| format!("{log}  reply: {e}"))?;
     let got = reply.outcome;
     if got != expected {
         return Err(format!(
@@ -555,7 +557,7 @@ async fn planted(
                 .query_async(conn)
                 .await;
             match reply {
-                Err(e) if e.code() == Some(super::CORRUPT_CODE) => {}
+                Err(e) if e.code() == Some(super::script::CORRUPT_CODE) => {}
                 other => return Err(format!("{log}  lua decided on it: {other:?}")),
             }
             let after: Option<Vec<u8>> = redis::cmd("GET")

@@ -1,11 +1,19 @@
-//! What a [`RedisStore`](super::RedisStore) does when Redis does not answer: the policy, and the
-//! circuit breaker that lets it answer at once while Redis is down.
+//! What a [`RedisStore`](super::RedisStore) does when Redis does not answer: the policy, what
+//! each policy answers, and the circuit breaker that lets it answer at once while Redis is down.
 
 use std::num::NonZeroU32;
+use std::sync::PoisonError;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::clock::whole_ms;
+use redis::aio::ConnectionLike;
+
+use super::RedisStore;
+use super::wire::{Args, Op};
+use crate::bucket::{self, Outcome};
+use crate::clock::{Clock, whole_ms};
+use crate::store::{BucketStore, Decision, Reservation, Source, StoreError};
+use crate::{BucketKey, Limit};
 
 /// What a [`RedisStore`](super::RedisStore) answers when Redis cannot decide: the call failed, it
 /// timed out, or the circuit breaker is open.
@@ -52,6 +60,138 @@ pub enum OutagePolicy {
         /// How many processes share the budget.
         processes: NonZeroU32,
     },
+}
+
+impl<C, K> RedisStore<C, K>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+    K: Clock,
+{
+    /// The limit of this process's local bucket under [`OutagePolicy::Local`], or `None` when
+    /// the policy is another, or the share would hold no token.
+    pub(super) fn local_limit(&self, limit: Limit) -> Option<Limit> {
+        let OutagePolicy::Local { processes } = self.policy else {
+            return None;
+        };
+        share(limit, processes)
+    }
+
+    /// Under [`OutagePolicy::Local`], one budget across the switches between Redis and the local
+    /// bucket, with the local bucket kept empty while Redis decides (in `acquire`): Redis's
+    /// bucket is emptied before its first decision on a key this process admitted locally since,
+    /// as its refill meanwhile was this process's to spend, and was spent here. In the safe
+    /// direction: what Redis could still have admitted is lost, never given twice.
+    pub(super) async fn charge_for_local_admissions(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+        now: u64,
+    ) {
+        let touched = self
+            .touched
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(key.as_str());
+        if touched {
+            let drain = Args {
+                op: Op::Drain,
+                limit,
+                x: now,
+                max_wait: 0,
+            };
+            if self.run(key, now, drain).await.is_err() {
+                // Still out of reach: the next call tries again.
+                self.touched
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(key.as_str().into());
+            }
+        }
+    }
+
+    /// The answer under the policy when Redis could not give one.
+    pub(super) async fn acquire_in_outage(
+        &self,
+        error: StoreError,
+        key: &BucketKey,
+        limit: Limit,
+        cost: u32,
+        max_wait: Duration,
+    ) -> Result<Decision, StoreError> {
+        match self.policy {
+            OutagePolicy::FailClosed => Err(error),
+            OutagePolicy::FailOpen => {
+                if !matches!(error, StoreError::Unavailable { .. }) {
+                    tracing::warn!(
+                        target: "burstgate::redis",
+                        key = %key.fingerprint(),
+                        %error,
+                        "redis failed: admitting (fail open)"
+                    );
+                }
+                let outcome = Outcome {
+                    allowed: true,
+                    wait: 0,
+                    remaining: 0,
+                    reset: 0,
+                    at: self.clock.now_ms().min(bucket::MAX_TIME),
+                };
+                // No bucket gave these tokens, so a refund of them gives nothing back.
+                Ok(Decision::from(outcome, limit, cost, Source::Nothing))
+            }
+            OutagePolicy::Local { .. } => match self.local_limit(limit) {
+                Some(local) if cost <= local.burst() => {
+                    // A key with no local bucket starts empty as of Redis's last answer.
+                    let last = self.last_answer.load(Ordering::Relaxed);
+                    self.local.seed_empty(key, local, last)?;
+                    // Every key admitted here must be remembered, for Redis to be charged when
+                    // it is back: past the bound, a new key gets the outage's error, the
+                    // fail-closed answer, rather than tokens nobody would charge. (Calls racing
+                    // past the check can pass the bound by as many as run at once.)
+                    let full = {
+                        let touched = self.touched.lock().unwrap_or_else(PoisonError::into_inner);
+                        touched.len() >= self.local.max_buckets() && !touched.contains(key.as_str())
+                    };
+                    if full {
+                        return Err(error);
+                    }
+                    let d = self.local.acquire(key, local, cost, max_wait).await?;
+                    if d.is_admitted() {
+                        self.touched
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .insert(key.as_str().into());
+                    }
+                    // Reported under the limit the caller gave, for headers and the like, and
+                    // refunded to the local bucket that gave the tokens.
+                    let reservation = Reservation {
+                        source: Source::Local,
+                        ..d.reservation
+                    };
+                    Ok(Decision {
+                        limit,
+                        reservation,
+                        ..d
+                    })
+                }
+                _ => Err(error),
+            },
+        }
+    }
+}
+
+/// A limit's share for one of `processes`: the same tokens over `processes` times the interval,
+/// and the burst divided (rounded down). `None` when the share holds no whole token, or its
+/// interval is out of range.
+fn share(limit: Limit, processes: NonZeroU32) -> Option<Limit> {
+    let n = processes.get();
+    if n == 1 {
+        return Some(limit);
+    }
+    let interval = limit.interval().checked_mul(n)?;
+    Limit::new(limit.tokens(), interval)
+        .and_then(|l| l.with_burst(limit.burst() / n))
+        .ok()
 }
 
 /// How many failures open the circuit, and for how long.
@@ -461,5 +601,46 @@ mod tests {
         let b = Breaker::new(0, Duration::ZERO);
         assert_eq!(b.failures(), 1);
         assert_eq!(b.open_for(), Duration::from_millis(1));
+    }
+}
+
+#[cfg(test)]
+mod local_bucket_tests {
+    //! What `OutagePolicy::Local` keeps in memory while Redis answers.
+
+    use std::num::NonZeroU32;
+
+    use super::*;
+    use crate::ManualClock;
+
+    use super::super::differential::redis_server;
+
+    #[tokio::test]
+    async fn the_local_policy_holds_a_local_bucket_for_every_key_redis_decides_on() {
+        let conn = redis::Client::open(redis_server::url())
+            .expect("a valid Redis URL")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("a connection to the test Redis");
+        let clock = ManualClock::new(1_767_225_600_000);
+        let processes = NonZeroU32::new(2).expect("non-zero");
+        let store = RedisStore::new(conn)
+            .with_prefix(&redis_server::unique_prefix())
+            .expect("a valid prefix")
+            .with_clock(clock.clone())
+            .on_outage(OutagePolicy::Local { processes });
+        let limit = Limit::per_minute(10).expect("a valid limit");
+        for i in 0..2_000 {
+            let key = BucketKey::new("many", format!("made-up-{i}")).expect("a valid key");
+            let d = store.acquire(&key, limit, 1, Duration::ZERO).await;
+            assert!(d.is_ok_and(|d| d.is_admitted()));
+        }
+        // Redis decided on every one: no local bucket is needed for any of them.
+        assert_eq!(store.local.len(), 0, "local buckets held");
+        assert_eq!(
+            store.last_answer.load(Ordering::Relaxed),
+            clock.now_ms(),
+            "what a key new to an outage starts empty from"
+        );
     }
 }

@@ -1,0 +1,231 @@
+//! The bucket script and one call of it: its source and SHA-1, `EVALSHA` then `EVAL`, and the
+//! call's way through the circuit breaker, the bound on calls in flight, the timeout and the
+//! retry, with what each error from Redis means for the breaker and the caller.
+
+use redis::aio::ConnectionLike;
+use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
+
+use super::RedisStore;
+use super::wire::{Args, RedisKey, Reply, command, parse_reply};
+use crate::BucketKey;
+use crate::clock::Clock;
+use crate::store::{BackendError, StoreError};
+
+/// The bucket script, `bucket.lua` beside this file; Redis knows it by the SHA-1 of this text.
+const SOURCE: &str = include_str!("bucket.lua");
+
+/// The error code the script answers a stored value with that no script could have written.
+pub(super) const CORRUPT_CODE: &str = "BURSTGATE_CORRUPT";
+
+/// The script, shared by every store in the process: its SHA-1 is computed once.
+pub(super) fn script() -> &'static redis::Script {
+    static SCRIPT: std::sync::OnceLock<redis::Script> = std::sync::OnceLock::new();
+    SCRIPT.get_or_init(|| redis::Script::new(SOURCE))
+}
+
+impl<C, K> RedisStore<C, K>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+    K: Clock,
+{
+    /// Runs the script for one bucket, through the circuit breaker and within the timeout.
+    pub(super) async fn run(
+        &self,
+        key: &BucketKey,
+        now: u64,
+        args: Args,
+    ) -> Result<Reply, Failure> {
+        let mut ticket = match self.circuit.pass() {
+            Ok(ticket) => ticket,
+            Err(retry_in) => {
+                // Answered without waiting on anything: spend tokio's budget, so that a loop of
+                // such calls still lets other tasks run.
+                tokio::task::coop::consume_budget().await;
+                return Err(Failure::Outage(StoreError::Unavailable { retry_in }));
+            }
+        };
+        ticket.stalls_after(self.timeout / 2);
+        // A slot among the calls in flight. Taken before anything is sent, so that a caller who
+        // gives up while waiting for one leaves nothing queued to run later.
+        let mut timeout = self.timeout;
+        let _slot = match self.in_flight.try_acquire() {
+            Ok(slot) => slot,
+            Err(_) => {
+                let waited = tokio::time::Instant::now();
+                let slot = tokio::time::timeout(timeout, self.in_flight.acquire()).await;
+                timeout = timeout.saturating_sub(waited.elapsed());
+                match slot {
+                    // Sent only with at least half its timeout left, so that a call Redis runs
+                    // is one its caller still waits for; and, but for the probe, only while the
+                    // circuit is closed: calls ahead of this one failed meanwhile (a stalled
+                    // Redis), and what was queued behind them is not sent into the same stall.
+                    Ok(Ok(slot))
+                        if timeout >= self.timeout / 2
+                            && (ticket.is_probe() || !self.circuit.is_open()) =>
+                    {
+                        slot
+                    }
+                    _ => {
+                        return Err(Failure::Outage(StoreError::Unavailable {
+                            retry_in: self.timeout,
+                        }));
+                    }
+                }
+            }
+        };
+        let redis_key = RedisKey {
+            prefix: &self.prefix,
+            key,
+        };
+        let call = async {
+            let mut conn = match &self.reconnect {
+                Some(reconnect) => reconnect.current(),
+                None => self.conn.clone(),
+            };
+            match invoke(&mut conn, redis_key, now, &args).await {
+                Err(e) if not_executed(&e) => invoke(&mut conn, redis_key, now, &args).await,
+                done => done,
+            }
+        };
+        // Dropped here with the rest of this future if the caller goes away: a probe's ticket
+        // then counts as a failure, and the circuit is never left waiting for it.
+        let result = tokio::time::timeout(timeout, call).await;
+        if let Some(reconnect) = &self.reconnect {
+            match &result {
+                // Retried once already: the node was demoted to a replica (a failover), and the
+                // connection stays on it unless replaced.
+                Ok(Err(e)) if e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly) => {
+                    reconnect.replace("redis answered READONLY: the node is a replica now");
+                }
+                Ok(_) => reconnect.answered(),
+                Err(_) => reconnect.timed_out(),
+            }
+        }
+        match result {
+            Ok(Ok(value)) => {
+                ticket.success();
+                parse_reply(&value, &args, now).map_err(Failure::Fatal)
+            }
+            Ok(Err(e)) if e.code() == Some("WRONGTYPE") => {
+                // Redis answered: it is up, the data is wrong.
+                ticket.success();
+                Err(Failure::Fatal(StoreError::WrongType {
+                    bucket: key.bucket().to_owned(),
+                    fingerprint: key.fingerprint(),
+                }))
+            }
+            Ok(Err(e)) if e.code() == Some(CORRUPT_CODE) => {
+                ticket.success();
+                Err(Failure::Fatal(StoreError::CorruptBucket {
+                    bucket: key.bucket().to_owned(),
+                    fingerprint: key.fingerprint(),
+                }))
+            }
+            Ok(Err(e)) if is_redirect(&e) => {
+                // A slot on the move: the nodes are up and answering. The call failed, but this
+                // is no outage, and must not open the circuit for every key.
+                ticket.success();
+                Err(Failure::Outage(StoreError::Backend(BackendError::new(
+                    "redis call redirected while a cluster slot moved",
+                    Some(Box::new(e)),
+                ))))
+            }
+            Ok(Err(e)) if about_the_call(&e) => {
+                // Redis answered about this call (the script failed on this key's value): the
+                // server is up and other keys are unaffected.
+                ticket.success();
+                Err(Failure::Fatal(StoreError::Backend(BackendError::new(
+                    "redis refused the bucket script's call",
+                    Some(Box::new(e)),
+                ))))
+            }
+            Ok(Err(e)) => {
+                ticket.failure(&e);
+                Err(Failure::Outage(StoreError::Backend(BackendError::new(
+                    "redis call failed",
+                    Some(Box::new(e)),
+                ))))
+            }
+            Err(_) => {
+                let error = StoreError::Timeout {
+                    after: self.timeout,
+                };
+                ticket.failure(&error);
+                Err(Failure::Outage(error))
+            }
+        }
+    }
+}
+
+/// Why [`RedisStore::run`] has no answer.
+pub(super) enum Failure {
+    /// Redis failed, did not answer in time, or the circuit is open: the policy decides.
+    Outage(StoreError),
+    /// Redis answered, and the answer is an error: returned as it is.
+    Fatal(StoreError),
+}
+
+/// Errors Redis returns only for commands it did not run, and a connection that was refused:
+/// a retry cannot spend tokens twice. A cluster connection follows `MOVED` and `ASK` itself, but
+/// can still return one when a slot moves again while it follows the first.
+fn not_executed(e: &RedisError) -> bool {
+    e.is_connection_refusal()
+        || matches!(
+            e.kind(),
+            ErrorKind::Server(
+                ServerErrorKind::TryAgain
+                    | ServerErrorKind::Moved
+                    | ServerErrorKind::Ask
+                    | ServerErrorKind::ClusterDown
+                    | ServerErrorKind::MasterDown
+                    | ServerErrorKind::BusyLoading
+                    | ServerErrorKind::ReadOnly
+            )
+        )
+        || e.code() == Some("BUSY")
+}
+
+/// An error the bucket script raised while it ran on one key (such as a `SET` the value at this
+/// key made fail): it concerns that key's data, so it must not count toward the circuit breaker,
+/// which would then refuse every key. Any other `ERR` (scripting disabled, a proxy that refuses
+/// the command) concerns every key and counts.
+fn about_the_call(e: &RedisError) -> bool {
+    e.kind() == ErrorKind::Server(ServerErrorKind::ResponseError)
+        // Redis names the script's own line in the error: "... script: <sha>, on
+        // @user_script:84." (7.0), "Error running script (...): @user_script:84: ..." (6.x).
+        && e.detail().is_some_and(|d| d.contains("@user_script"))
+}
+
+/// Cluster redirections that a cluster connection gave up following: the slot is moving.
+fn is_redirect(e: &RedisError) -> bool {
+    matches!(
+        e.kind(),
+        ErrorKind::Server(
+            ServerErrorKind::Moved | ServerErrorKind::Ask | ServerErrorKind::TryAgain
+        )
+    )
+}
+
+/// Runs the script for one bucket: `EVALSHA`, and after `NOSCRIPT` the same call as `EVAL`. The
+/// store and the differential test share this, so the test encodes arguments exactly as the store
+/// does.
+async fn invoke(
+    conn: &mut impl ConnectionLike,
+    redis_key: RedisKey<'_>,
+    now: u64,
+    args: &Args,
+) -> Result<Value, RedisError> {
+    let packed = args.pack(now);
+    let sha = script().get_hash();
+    match command("EVALSHA", sha, redis_key, &packed)
+        .query_async(conn)
+        .await
+    {
+        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            command("EVAL", SOURCE, redis_key, &packed)
+                .query_async(conn)
+                .await
+        }
+        done => done,
+    }
+}
