@@ -6,12 +6,13 @@ use std::mem;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{Response, StatusCode};
+use http::Response;
 
+use super::headers::{self, Item};
 use super::layer::Config;
-use super::response::{self, Item};
+use super::rejection;
 use crate::cancel::RefundGuard;
-use crate::{BucketKey, BucketStore, Decision, RateLimited, StoreError};
+use crate::{BucketKey, BucketStore, Decision, RateLimited};
 
 /// A list kept inline while it holds one item. Most requests meet one rule or two, and a `Vec`
 /// for the single one would be an allocation per request.
@@ -157,13 +158,13 @@ pub(crate) async fn decide<St: BucketStore + Clone, B: From<String>>(
         }
         return Verdict::Reject(match outcome {
             Ok(d) => reject(&config, decisions.as_slice(), rule, &d),
-            Err(e) => failure(config.rules[rule].bucket(), &e),
+            Err(e) => rejection::store_failure(config.rules[rule].bucket(), &e),
         });
     }
     let ratelimit = if config.headers_on_success {
         let applied = decisions.as_slice();
         let policy = config.policy(applied.iter().map(|(i, _, _)| *i), applied.len());
-        let items = response::ratelimit(
+        let items = headers::ratelimit(
             applied
                 .iter()
                 .map(|(i, d, _)| Item::admitted(config.rules[*i].bucket(), d)),
@@ -202,48 +203,7 @@ fn reject<St, B: From<String>>(
         .iter()
         .map(|(i, d, cost)| Item::refunded(config.rules[*i].bucket(), d, *cost))
         .chain([denied]);
-    let ratelimit = response::ratelimit(items);
+    let ratelimit = headers::ratelimit(items);
     let limited = || RateLimited::new(retry, refusing.limit, refusing.bucket(), d.remaining());
     config.rejection.respond(retry, limited, policy, ratelimit)
-}
-
-/// The body of a refusal for a missing key: the request's fault or the server's.
-pub(crate) fn missing_body(status: StatusCode) -> &'static str {
-    if status.is_client_error() {
-        "request has no rate limit key"
-    } else {
-        "rate limit rule found no client address"
-    }
-}
-
-fn failure<B: From<String>>(bucket: &str, e: &StoreError) -> Response<B> {
-    match e {
-        StoreError::ZeroCost | StoreError::CostAboveCapacity { .. } => {
-            tracing::error!(bucket, error = %e, "rate limit rule misconfigured");
-            response::failure(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "rate limit rule misconfigured",
-            )
-        }
-        StoreError::Unavailable { retry_in } => {
-            // The store's circuit breaker logged the outage when it opened; one event per
-            // request while it stays open would only flood the log.
-            tracing::debug!(bucket, error = %e, "rate limit store unavailable; answering 503");
-            let mut res = response::failure(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "rate limiter unavailable, try again shortly",
-            );
-            let secs = response::ceil_secs(*retry_in).max(1);
-            res.headers_mut()
-                .insert(http::header::RETRY_AFTER, http::HeaderValue::from(secs));
-            res
-        }
-        _ => {
-            tracing::error!(bucket, error = %e, "rate limit store failed; answering 503");
-            response::failure(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "rate limiter unavailable, try again shortly",
-            )
-        }
-    }
 }

@@ -7,7 +7,7 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::decide::Verdict;
-use super::response::{RATELIMIT, RATELIMIT_POLICY};
+use super::headers::{RATELIMIT, RATELIMIT_POLICY};
 use crate::BucketStore;
 use crate::cancel::RefundGuard;
 use crate::store::BoxFuture;

@@ -103,11 +103,12 @@
 
 mod decide;
 mod future;
+mod headers;
 mod ip;
 #[allow(clippy::module_inception)] // the tower-http layout: layer.rs, service.rs, future.rs
 mod layer;
 mod proxies;
-mod response;
+mod rejection;
 mod rule;
 mod service;
 

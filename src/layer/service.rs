@@ -6,10 +6,10 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower_service::Service;
 
-use super::decide::{Few, Planned, decide, missing_body};
+use super::decide::{Few, Planned, decide};
 use super::future::ResponseFuture;
 use super::layer::Config;
-use super::response;
+use super::rejection::{self, missing_body};
 use super::rule::Plan;
 use crate::BucketStore;
 
@@ -47,7 +47,10 @@ where
                 // Before any store call, so a refused request has taken no tokens. The inner
                 // service stays here, ready, for the next request.
                 Plan::Refuse(status) => {
-                    return ResponseFuture::answer(response::failure(status, missing_body(status)));
+                    return ResponseFuture::answer(rejection::failure(
+                        status,
+                        missing_body(status),
+                    ));
                 }
             }
         }
