@@ -49,8 +49,9 @@ impl Account {
     }
 
     /// An account named by a secret, such as its API token: hashed before it becomes part of a
-    /// key (keyed with the middleware's [`key_secret`](super::RateLimitMiddleware::key_secret) when it
-    /// has one), never stored or logged in clear.
+    /// key (keyed with the middleware's
+    /// [`key_secret`](super::RateLimitMiddleware::key_secret) when it has one), never stored or
+    /// logged in clear.
     pub fn secret(token: &str) -> Self {
         Self {
             id: Arc::from(token),
