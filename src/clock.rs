@@ -312,6 +312,15 @@ pub(crate) fn deadline_ms(t: SystemTime) -> u64 {
         .unwrap_or(0)
 }
 
+/// `t + d`, or, past what `SystemTime` holds, the latest time the stores work with (2^53 − 1 ms
+/// after 1970): they clamp every later time to it anyway. For a deadline the reqwest middleware
+/// computes from an upstream's back-off, which keeps the arithmetic's bound out of the front end.
+#[cfg(feature = "reqwest")]
+pub(crate) fn add_or_latest(t: SystemTime, d: Duration) -> SystemTime {
+    t.checked_add(d)
+        .unwrap_or(UNIX_EPOCH + Duration::from_millis(crate::bucket::MAX_TIME))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

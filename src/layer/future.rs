@@ -6,8 +6,8 @@ use http::{HeaderValue, Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use super::response::{RATELIMIT, RATELIMIT_POLICY};
-use super::service::Verdict;
+use super::decide::Verdict;
+use super::headers::{RATELIMIT, RATELIMIT_POLICY};
 use crate::BucketStore;
 use crate::cancel::RefundGuard;
 use crate::store::BoxFuture;
@@ -160,7 +160,7 @@ where
                             });
                             this.state.set(State::Waiting { parked });
                         }
-                        Verdict::Reject(res) | Verdict::Failed(res) => {
+                        Verdict::Reject(res) => {
                             this.state.set(State::Done);
                             return Poll::Ready(Ok(res));
                         }

@@ -5,7 +5,8 @@ use std::time::Duration;
 use http::{HeaderName, HeaderValue, StatusCode};
 use tower_layer::Layer;
 
-use super::response::{self, Rejection};
+use super::headers;
+use super::rejection::Rejection;
 use super::{RateLimit, Rule};
 use crate::{BucketStore, RateLimited};
 
@@ -63,7 +64,7 @@ impl<St: BucketStore + Clone> RateLimitLayer<St> {
     pub fn rule(mut self, rule: Rule) -> Self {
         let config = Arc::make_mut(&mut self.config);
         config.rules.push(rule);
-        config.policy_all = response::policy(config.rules.iter().map(|r| &r.policy));
+        config.policy_all = headers::policy(config.rules.iter().map(|r| &r.policy));
         self
     }
 
@@ -123,7 +124,7 @@ impl<St> Config<St> {
         if count == self.rules.len() {
             return self.policy_all.clone();
         }
-        response::policy(applied.map(|i| &self.rules[i].policy))
+        headers::policy(applied.map(|i| &self.rules[i].policy))
     }
 }
 

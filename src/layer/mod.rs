@@ -101,12 +101,14 @@
 //! `tracing` events at debug level for each admitted and refused request carry the rule, a short
 //! fingerprint of the key (never the raw key or header value), the tokens remaining and the wait.
 
+mod decide;
 mod future;
+mod headers;
 mod ip;
 #[allow(clippy::module_inception)] // the tower-http layout: layer.rs, service.rs, future.rs
 mod layer;
 mod proxies;
-mod response;
+mod rejection;
 mod rule;
 mod service;
 

@@ -7,9 +7,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use http::request::Parts;
 use http::{HeaderName, HeaderValue, StatusCode};
 
+use super::headers;
 use super::ip::{IpText, Ipv6Prefix, peer_ip};
 use super::proxies::TrustedProxies;
-use super::response;
 use crate::key::is_name;
 use crate::{BucketKey, InvalidKey, KeySecret, Limit};
 
@@ -97,7 +97,7 @@ impl Rule {
             return Err(InvalidKey::BucketName);
         }
         // A valid name is plain ASCII, so its item is always a valid header value.
-        let policy = response::policy_item(bucket, limit).ok_or(InvalidKey::BucketName)?;
+        let policy = headers::policy_item(bucket, limit).ok_or(InvalidKey::BucketName)?;
         Ok(Self {
             bucket: Arc::from(bucket),
             limit,

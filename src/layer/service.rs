@@ -2,17 +2,16 @@ use std::fmt;
 use std::mem;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use http::{Request, Response};
 use tower_service::Service;
 
+use super::decide::{Few, Planned, decide};
 use super::future::ResponseFuture;
 use super::layer::Config;
-use super::response::{self, Item};
+use super::rejection::{self, missing_body};
 use super::rule::Plan;
-use crate::cancel::RefundGuard;
-use crate::{BucketKey, BucketStore, Decision, RateLimited, StoreError};
+use crate::BucketStore;
 
 /// The service [`RateLimitLayer`](super::RateLimitLayer) wraps around another.
 ///
@@ -48,7 +47,10 @@ where
                 // Before any store call, so a refused request has taken no tokens. The inner
                 // service stays here, ready, for the next request.
                 Plan::Refuse(status) => {
-                    return ResponseFuture::answer(response::failure(status, missing_body(status)));
+                    return ResponseFuture::answer(rejection::failure(
+                        status,
+                        missing_body(status),
+                    ));
                 }
             }
         }
@@ -61,241 +63,6 @@ where
         }
         let decision = Box::pin(decide(Arc::clone(&self.config), plan));
         ResponseFuture::decide(decision, inner, req)
-    }
-}
-
-/// A list kept inline while it holds one item. Most requests meet one rule or two, and a `Vec`
-/// for the single one would be an allocation per request.
-#[derive(Default)]
-pub(crate) enum Few<T> {
-    #[default]
-    Empty,
-    One(T),
-    Many(Vec<T>),
-}
-
-impl<T> Few<T> {
-    fn push(&mut self, item: T) {
-        *self = match mem::take(self) {
-            Self::Empty => Self::One(item),
-            Self::One(first) => Self::Many(vec![first, item]),
-            Self::Many(mut all) => {
-                all.push(item);
-                Self::Many(all)
-            }
-        };
-    }
-
-    fn as_slice(&self) -> &[T] {
-        match self {
-            Self::Empty => &[],
-            Self::One(item) => std::slice::from_ref(item),
-            Self::Many(all) => all,
-        }
-    }
-
-    fn len(&self) -> usize {
-        self.as_slice().len()
-    }
-
-    fn is_empty(&self) -> bool {
-        self.as_slice().is_empty()
-    }
-}
-
-impl<T> IntoIterator for Few<T> {
-    type Item = T;
-    type IntoIter = std::iter::Chain<std::option::IntoIter<T>, std::vec::IntoIter<T>>;
-
-    fn into_iter(self) -> Self::IntoIter {
-        let (one, many) = match self {
-            Self::Empty => (None, Vec::new()),
-            Self::One(item) => (Some(item), Vec::new()),
-            Self::Many(all) => (None, all),
-        };
-        one.into_iter().chain(many)
-    }
-}
-
-/// One rule that applies to a request: its bucket and the request's cost there.
-pub(crate) struct Planned {
-    rule: usize,
-    key: BucketKey,
-    cost: u32,
-}
-
-/// What the rules decided for one request.
-pub(crate) enum Verdict<St: BucketStore + Clone, R> {
-    /// Go, after `wait`. The guard gives the tokens back if the request is dropped before then.
-    Admit {
-        wait: Duration,
-        /// `None` when no tokens need guarding: the request goes at once.
-        guard: Option<RefundGuard<St>>,
-        /// `RateLimit-Policy` and `RateLimit` for the response.
-        ratelimit: Option<(http::HeaderValue, http::HeaderValue)>,
-    },
-    /// A rule refused; everything taken by earlier rules has been given back.
-    Reject(R),
-    /// The store could not decide.
-    Failed(R),
-}
-
-/// Checks every rule in order, taking (or reserving) tokens as it goes. When a rule refuses,
-/// the tokens taken by the rules before it are given back before answering, so a refused request
-/// spends nothing.
-pub(crate) async fn decide<St: BucketStore + Clone, B: From<String>>(
-    config: Arc<Config<St>>,
-    plan: Few<Planned>,
-) -> Verdict<St, Response<B>> {
-    // Made on the first tokens it must hold, so that a request that goes at once on one rule
-    // never clones the store for it.
-    let mut guard: Option<RefundGuard<St>> = None;
-    let mut decisions: Few<(usize, Decision, u32)> = Few::default();
-    let mut wait = Duration::ZERO;
-    let mut refused = None;
-    let count = plan.len();
-    for (n, p) in plan.into_iter().enumerate() {
-        let rule = &config.rules[p.rule];
-        let result = config
-            .store
-            .acquire(&p.key, rule.limit, p.cost, config.max_wait)
-            .await;
-        match result {
-            Ok(d) if d.is_admitted() => {
-                tracing::debug!(
-                    bucket = rule.bucket(),
-                    key = %p.key.fingerprint(),
-                    remaining = d.remaining(),
-                    wait_ms = d.wait().as_millis() as u64,
-                    "admitted"
-                );
-                wait = wait.max(d.wait());
-                // The guard must hold these tokens across every later await: the next rule's
-                // store call, or the wait. Tokens of the last rule taken for a request that goes
-                // at once are spent before anything else runs, so they need no guard (and the
-                // guard no allocation).
-                if let Some(reservation) = d.reservation()
-                    && (n + 1 < count || !wait.is_zero())
-                {
-                    guard
-                        .get_or_insert_with(|| RefundGuard::new(config.store.clone()))
-                        .push(p.key, rule.limit, reservation);
-                }
-                decisions.push((p.rule, d, p.cost));
-            }
-            Ok(d) => {
-                tracing::debug!(
-                    bucket = rule.bucket(),
-                    key = %p.key.fingerprint(),
-                    remaining = d.remaining(),
-                    retry_ms = d.wait().as_millis() as u64,
-                    "rate limited"
-                );
-                refused = Some((p.rule, Ok(d)));
-                break;
-            }
-            Err(e) => {
-                refused = Some((p.rule, Err(e)));
-                break;
-            }
-        }
-    }
-    // One refund point after the loop, rather than one in each arm, keeps this future (boxed
-    // once per request) small.
-    if let Some((rule, outcome)) = refused {
-        if let Some(guard) = &mut guard {
-            guard.refund_all().await;
-        }
-        return match outcome {
-            Ok(d) => Verdict::Reject(reject(&config, decisions.as_slice(), rule, &d)),
-            Err(e) => Verdict::Failed(failure(config.rules[rule].bucket(), &e)),
-        };
-    }
-    let ratelimit = if config.headers_on_success {
-        let applied = decisions.as_slice();
-        let policy = config.policy(applied.iter().map(|(i, _, _)| *i), applied.len());
-        let items = response::ratelimit(
-            applied
-                .iter()
-                .map(|(i, d, _)| Item::admitted(config.rules[*i].bucket(), d)),
-        );
-        policy.zip(items)
-    } else {
-        None
-    };
-    Verdict::Admit {
-        wait,
-        guard,
-        ratelimit,
-    }
-}
-
-/// The rejection when rule number `rule` refused with `d`, after the rules in `applied` took
-/// their tokens and gave them back.
-fn reject<St, B: From<String>>(
-    config: &Config<St>,
-    applied: &[(usize, Decision, u32)],
-    rule: usize,
-    d: &Decision,
-) -> Response<B> {
-    let retry = d.retry_after().unwrap_or(Duration::ZERO);
-    let refusing = &config.rules[rule];
-    let policy = config.policy(
-        applied.iter().map(|(i, _, _)| *i).chain([rule]),
-        applied.len() + 1,
-    );
-    let denied = Item {
-        name: refusing.bucket(),
-        remaining: d.remaining(),
-        next: retry,
-    };
-    let items = applied
-        .iter()
-        .map(|(i, d, cost)| Item::refunded(config.rules[*i].bucket(), d, *cost))
-        .chain([denied]);
-    let ratelimit = response::ratelimit(items);
-    let limited = || RateLimited::new(retry, refusing.limit, refusing.bucket(), d.remaining());
-    config.rejection.respond(retry, limited, policy, ratelimit)
-}
-
-/// The body of a refusal for a missing key: the request's fault or the server's.
-fn missing_body(status: http::StatusCode) -> &'static str {
-    if status.is_client_error() {
-        "request has no rate limit key"
-    } else {
-        "rate limit rule found no client address"
-    }
-}
-
-fn failure<B: From<String>>(bucket: &str, e: &StoreError) -> Response<B> {
-    match e {
-        StoreError::ZeroCost | StoreError::CostAboveCapacity { .. } => {
-            tracing::error!(bucket, error = %e, "rate limit rule misconfigured");
-            response::failure(
-                http::StatusCode::INTERNAL_SERVER_ERROR,
-                "rate limit rule misconfigured",
-            )
-        }
-        StoreError::Unavailable { retry_in } => {
-            // The store's circuit breaker logged the outage when it opened; one event per
-            // request while it stays open would only flood the log.
-            tracing::debug!(bucket, error = %e, "rate limit store unavailable; answering 503");
-            let mut res = response::failure(
-                http::StatusCode::SERVICE_UNAVAILABLE,
-                "rate limiter unavailable, try again shortly",
-            );
-            let secs = response::ceil_secs(*retry_in).max(1);
-            res.headers_mut()
-                .insert(http::header::RETRY_AFTER, http::HeaderValue::from(secs));
-            res
-        }
-        _ => {
-            tracing::error!(bucket, error = %e, "rate limit store failed; answering 503");
-            response::failure(
-                http::StatusCode::SERVICE_UNAVAILABLE,
-                "rate limiter unavailable, try again shortly",
-            )
-        }
     }
 }
 

@@ -4,9 +4,13 @@
 
 use super::*;
 
+use std::time::SystemTime;
+
+use http::{HeaderMap, Method, StatusCode};
 use proptest::prelude::*;
 
-use crate::{ManualClock, MemoryStore};
+use super::backoff::{RetryValue, parse_retry, upstream_retry};
+use crate::{InvalidKey, ManualClock, MemoryStore};
 
 fn at(secs: u64) -> SystemTime {
     SystemTime::UNIX_EPOCH + Duration::from_secs(secs)

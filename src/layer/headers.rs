@@ -1,12 +1,12 @@
-//! The HTTP face of a decision: `Retry-After`, `RateLimit-Policy`, `RateLimit`, 429 and 503.
+//! The `RateLimit-Policy` and `RateLimit` fields (draft-ietf-httpapi-ratelimit-headers-10) and
+//! the whole seconds they and `Retry-After` are written in, formatted without `format!`: they go
+//! on every response.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use http::header::{CONTENT_TYPE, RETRY_AFTER};
-use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
+use http::{HeaderName, HeaderValue};
 
-use crate::{Decision, Limit, RateLimited};
+use crate::{Decision, Limit};
 
 /// `RateLimit-Policy` (draft-ietf-httpapi-ratelimit-headers-10).
 pub(crate) static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -98,7 +98,7 @@ impl Text {
 
 /// The decimal digits of `n`, written at the end of `buf`, two at a time: token counts near
 /// `u32::MAX` are ten digits, and this runs for every response.
-fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
+pub(crate) fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
     const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
         2021222324252627282930313233343536373839\
         4041424344454647484950515253545556575859\
@@ -202,81 +202,6 @@ pub(crate) fn ratelimit<'a>(items: impl Iterator<Item = Item<'a>>) -> Option<Hea
         out.push_u64(ceil_secs(item.next));
     }
     out.header_value()
-}
-
-type BodyFn = Arc<dyn Fn(&RateLimited) -> String + Send + Sync>;
-
-/// How a rejection is answered; the defaults are 429, the standard headers and a short text.
-#[derive(Clone)]
-pub(crate) struct Rejection {
-    pub(crate) status: StatusCode,
-    pub(crate) headers: HeaderMap,
-    pub(crate) body: Option<BodyFn>,
-}
-
-impl Default for Rejection {
-    fn default() -> Self {
-        Self {
-            status: StatusCode::TOO_MANY_REQUESTS,
-            headers: HeaderMap::new(),
-            body: None,
-        }
-    }
-}
-
-impl Rejection {
-    /// The rejection for a request that could go in `retry_after`. `limited` describes it to a
-    /// custom body, and is only built for one.
-    pub(crate) fn respond<B: From<String>>(
-        &self,
-        retry_after: Duration,
-        limited: impl FnOnce() -> RateLimited,
-        policy: Option<HeaderValue>,
-        ratelimit: Option<HeaderValue>,
-    ) -> Response<B> {
-        // Never 0: a client told "retry after 0" would come straight back and be refused again.
-        let secs = ceil_secs(retry_after).max(1);
-        let body = match &self.body {
-            Some(f) => f(&limited()),
-            None => {
-                let mut body = String::with_capacity(48);
-                body.push_str("rate limited: retry after ");
-                body.extend(decimal(secs, &mut [0; 20]).iter().map(|&d| char::from(d)));
-                body.push_str(" s\n");
-                body
-            }
-        };
-        let mut res = Response::new(B::from(body));
-        *res.status_mut() = self.status;
-        let headers = res.headers_mut();
-        headers.reserve(4 + self.headers.len());
-        headers.insert(
-            CONTENT_TYPE,
-            HeaderValue::from_static("text/plain; charset=utf-8"),
-        );
-        headers.insert(RETRY_AFTER, HeaderValue::from(secs));
-        if let Some(v) = policy {
-            headers.insert(RATELIMIT_POLICY.clone(), v);
-        }
-        if let Some(v) = ratelimit {
-            headers.insert(RATELIMIT.clone(), v);
-        }
-        for (name, value) in &self.headers {
-            headers.insert(name.clone(), value.clone());
-        }
-        res
-    }
-}
-
-/// The answer when the store cannot decide (Redis down, a misconfigured cost).
-pub(crate) fn failure<B: From<String>>(status: StatusCode, message: &str) -> Response<B> {
-    let mut res = Response::new(B::from(format!("{message}\n")));
-    *res.status_mut() = status;
-    res.headers_mut().insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    res
 }
 
 #[cfg(test)]

@@ -1,0 +1,157 @@
+//! Reading the upstream's answer: a 429 with `X-Ratelimit-Retry` or `Retry-After` drains the
+//! shared bucket, other `4xx` answers may cost more, and a request that waited checks that no
+//! drain passed its slot before it is sent.
+
+use std::fmt;
+use std::time::{Duration, SystemTime};
+
+use http::{HeaderMap, StatusCode};
+use reqwest::Response;
+
+use super::RateLimitMiddleware;
+use crate::clock::{self, Clock};
+use crate::{BucketKey, BucketStore, Limit, Reservation};
+
+impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
+    /// Whether a drain made while `reservation` waited ends past its slot (see
+    /// [`Quota::halts`](crate::Quota::halts)): one more store call, made only by requests that
+    /// waited. A store that cannot answer lets the request go, as it would have before the
+    /// check: the reservation was granted.
+    pub(super) async fn halted(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+        reservation: &Reservation,
+    ) -> bool {
+        match self.store.peek(key, limit).await {
+            Ok(quota) => quota.halts(reservation),
+            Err(e) => {
+                tracing::warn!(
+                    bucket = key.bucket(),
+                    key = %key.fingerprint(),
+                    error = %e,
+                    "could not check for an upstream back-off before sending; sending"
+                );
+                false
+            }
+        }
+    }
+
+    /// Feeds the upstream's answer back into the shared bucket.
+    pub(super) async fn feedback(&self, key: &BucketKey, limit: Limit, res: &Response) {
+        let status = res.status();
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            let told = upstream_retry(res.headers(), self.clock.now());
+            let retry = match told {
+                Some(retry) if retry > self.config.max_backoff => {
+                    tracing::warn!(
+                        bucket = key.bucket(),
+                        retry_s = retry.as_secs(),
+                        max_s = self.config.max_backoff.as_secs(),
+                        "upstream asked for a longer back-off than allowed; clamped"
+                    );
+                    self.config.max_backoff
+                }
+                Some(retry) => retry,
+                None => token_period(limit),
+            };
+            // The bucket is empty at the deadline and refills from there, so drain until one
+            // token period before the time the upstream gave: the first token is then ready at
+            // that time, not a period later.
+            // Past what `SystemTime` holds (a `max_backoff` of `Duration::MAX` and a huge
+            // header), the latest time the arithmetic knows: the store clamps to it anyway.
+            let until = clock::add_or_latest(self.clock.now(), retry);
+            let until = until.checked_sub(token_period(limit)).unwrap_or(until);
+            tracing::debug!(
+                bucket = key.bucket(),
+                key = %key.fingerprint(),
+                retry_ms = retry.as_millis() as u64,
+                "upstream 429: draining the shared bucket"
+            );
+            if let Err(e) = self.store.drain_until(key, limit, until).await {
+                tracing::warn!(bucket = key.bucket(), error = %e, "could not drain after a 429");
+            }
+        } else if status.is_client_error() && self.config.error_cost > 1 {
+            let mut extra = self.config.error_cost - 1;
+            while extra > 0 {
+                let take = extra.min(limit.burst());
+                // A reservation with no ceiling: the tokens are owed, and later requests wait
+                // them off.
+                let owed = self.store.acquire(key, limit, take, Duration::MAX).await;
+                if let Err(e) = owed {
+                    tracing::warn!(bucket = key.bucket(), error = %e, "could not charge a 4xx");
+                    break;
+                }
+                extra -= take;
+            }
+        }
+    }
+}
+
+/// The time of one token: `interval / tokens`, rounded down to whole milliseconds.
+fn token_period(limit: Limit) -> Duration {
+    Duration::from_millis(limit.interval_ms() / u64::from(limit.tokens()))
+}
+
+/// Reads how long the upstream asked to wait: `X-Ratelimit-Retry` first, then `Retry-After`.
+/// A value that does not parse is ignored, with a warning.
+pub(super) fn upstream_retry(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+    for name in ["x-ratelimit-retry", "retry-after"] {
+        let Some(value) = headers.get(name) else {
+            continue;
+        };
+        match value
+            .to_str()
+            .map_err(|_| RetryValue::NotText)
+            .and_then(|v| parse_retry(v, now))
+        {
+            Ok(retry) => return Some(retry),
+            Err(why) => tracing::warn!(header = name, %why, "ignoring an unusable back-off header"),
+        }
+    }
+    None
+}
+
+/// Why a back-off header was ignored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RetryValue {
+    NotText,
+    Negative,
+    Garbage,
+}
+
+impl fmt::Display for RetryValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::NotText => "the value is not text",
+            Self::Negative => "a negative delay",
+            Self::Garbage => "neither seconds nor an http date",
+        })
+    }
+}
+
+/// Parses delay-seconds (whole, or decimal as some APIs send, rounded up) or an HTTP date. A
+/// date in the past is a zero delay; a huge number saturates (the caller clamps it).
+pub(crate) fn parse_retry(value: &str, now: SystemTime) -> Result<Duration, RetryValue> {
+    let value = value.trim();
+    if value.starts_with('-') {
+        return Err(RetryValue::Negative);
+    }
+    if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
+        return Ok(Duration::from_secs(
+            value.parse::<u64>().unwrap_or(u64::MAX),
+        ));
+    }
+    if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+        return match value.parse::<f64>() {
+            Ok(secs) if secs.is_finite() => {
+                Ok(Duration::try_from_secs_f64(secs.ceil()).unwrap_or(Duration::MAX))
+            }
+            _ => Err(RetryValue::Garbage),
+        };
+    }
+    match httpdate::parse_http_date(value) {
+        Ok(at) => Ok(at.duration_since(now).unwrap_or(Duration::ZERO)),
+        Err(_) => Err(RetryValue::Garbage),
+    }
+}

@@ -1,0 +1,354 @@
+//! The client side: [`RateLimitMiddleware`] for `reqwest_middleware`.
+
+mod account;
+mod backoff;
+mod path;
+mod route;
+
+pub use self::account::Account;
+pub use self::route::Route;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Extensions, HeaderName};
+use reqwest::{Request, Response};
+use reqwest_middleware::{Middleware, Next};
+
+use crate::cancel::{RefundGuard, acquire_detached};
+use crate::clock::{Clock, SystemClock};
+use crate::{BucketKey, BucketStore, Decision, KeySecret, Limit, RateLimited, StoreError};
+
+/// The longest an upstream 429 may make every worker back off, unless set otherwise.
+const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(600);
+
+/// A `reqwest_middleware` middleware that spends a shared budget before each request, waits its
+/// turn, and never sends a request the budget does not allow.
+///
+/// ```
+/// use std::time::Duration;
+/// use burstgate::{Limit, MemoryStore};
+/// use burstgate::middleware::{Account, RateLimitMiddleware, Route};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let orders = Limit::per_minute(1)?.with_burst(10)?;
+/// let middleware = RateLimitMiddleware::new(MemoryStore::new())
+///     .route(Route::new("orders", orders, "/api/v1/supplier/orders")?)
+///     .account_header(http::header::AUTHORIZATION);
+/// let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+///     .with(middleware)
+///     .build();
+/// # let _ = client;
+/// # Ok(())
+/// # }
+/// ```
+///
+/// # What it does per request
+///
+/// 1. Finds the first [`Route`] that matches the request (method, host, path pattern). A request
+///    no route matches passes through, or draws from the [`default_route`](Self::default_route)
+///    when one is set.
+/// 2. Finds the account that owns the budget: an [`Account`] extension on the request
+///    (`RequestBuilder::with_extension`), else the [`account_header`](Self::account_header)'s
+///    value, hashed. With neither (or with an empty one), the route's single shared bucket
+///    (key `-`) is used.
+/// 3. Reserves one token (see [`BucketStore::acquire`]) with a ceiling of
+///    [`max_wait`](Self::max_wait), by default two token periods
+///    ([`Limit::default_max_wait`]): two minutes for "1 per minute". Within the ceiling it sleeps
+///    (a tokio timer) until its turn, in arrival order with every other worker sharing the
+///    bucket, and sends. Beyond it, the request is not sent: the middleware returns a
+///    [`RateLimited`] error, the "local 429". Dropping the request future while it waits gives
+///    the reservation back, and so does dropping it while the store answers: the store call
+///    runs on a task of its own, which refunds an admission nobody is left to receive (the tower
+///    layer leaves those tokens spent instead; both follow the rule in
+///    `docs/DESIGN.md#cancellation`).
+///
+///    A request that waited asks the store once more, at its turn, whether an upstream 429
+///    drained the bucket past its slot meanwhile ([`Quota::halts`](crate::Quota::halts), from
+///    [`BucketStore::peek`]), in this process or any other. If so it does not send: it
+///    reserves again, behind the back-off, with what is left of its ceiling, or fails with the
+///    local 429 past it. That costs one more store call per request that waited, and none for
+///    a request sent at once. If that call fails, the request is sent, with a warning.
+/// 4. Reads the answer. A `429` from the upstream drains the shared bucket until the time the
+///    upstream gave (`X-Ratelimit-Retry`, else `Retry-After`, in seconds or as an HTTP date), so
+///    that every worker in every process backs off, not only the one that was told, and requests
+///    already waiting for their turns wait past it (step 3); without such
+///    a header, for one token period. The bucket is drained so that its next token is ready at
+///    the time the upstream gave; it never holds less than one token period, so a shorter
+///    `Retry-After` still waits one period. A malformed value is ignored and an absurd one clamped to
+///    [`max_backoff`](Self::max_backoff), each with a warning. Other `4xx` answers can be made to
+///    cost more ([`error_cost`](Self::error_cost)). The response itself is returned unchanged.
+///
+/// # Getting the local 429 back
+///
+/// It is a `reqwest_middleware::Error::Middleware` holding a [`RateLimited`]:
+///
+/// ```
+/// # use burstgate::RateLimited;
+/// fn retry_after(err: &reqwest_middleware::Error) -> Option<std::time::Duration> {
+///     match err {
+///         reqwest_middleware::Error::Middleware(e) => {
+///             e.downcast_ref::<RateLimited>().map(RateLimited::retry_after)
+///         }
+///         _ => None,
+///     }
+/// }
+/// ```
+///
+/// A store failure is a `Middleware` error holding the [`StoreError`].
+///
+/// # With retries
+///
+/// Put a retry middleware (reqwest-retry's `RetryTransientMiddleware`) *before* this one in the
+/// `ClientBuilder`, so that each retry passes through the limiter again and spends its own
+/// token; the upstream 429 this middleware has already fed back to the bucket then makes the
+/// retry wait its turn instead of hammering the API.
+pub struct RateLimitMiddleware<St, K = SystemClock> {
+    store: St,
+    clock: K,
+    config: Arc<Config>,
+}
+
+#[derive(Debug, Clone)]
+struct Config {
+    routes: Vec<Route>,
+    default: Option<Route>,
+    account_header: Option<HeaderName>,
+    key_secret: Option<KeySecret>,
+    max_wait: Option<Duration>,
+    error_cost: u32,
+    max_backoff: Duration,
+}
+
+impl<St: BucketStore + Clone> RateLimitMiddleware<St, SystemClock> {
+    /// A middleware deciding on `store`, with no routes yet, on the system clock.
+    pub fn new(store: St) -> Self {
+        Self {
+            store,
+            clock: SystemClock,
+            config: Arc::new(Config {
+                routes: Vec::new(),
+                default: None,
+                account_header: None,
+                key_secret: None,
+                max_wait: None,
+                error_cost: 1,
+                max_backoff: DEFAULT_MAX_BACKOFF,
+            }),
+        }
+    }
+}
+
+impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
+    /// Adds a route. Routes are tried in the order they were added; the first match wins.
+    #[must_use]
+    pub fn route(mut self, route: Route) -> Self {
+        Arc::make_mut(&mut self.config).routes.push(route);
+        self
+    }
+
+    /// Adds several routes at once.
+    #[must_use]
+    pub fn routes(mut self, routes: impl IntoIterator<Item = Route>) -> Self {
+        Arc::make_mut(&mut self.config).routes.extend(routes);
+        self
+    }
+
+    /// The route for requests no other route matches (its path pattern is not used). Without
+    /// one, such requests pass through unlimited.
+    #[must_use]
+    pub fn default_route(mut self, route: Route) -> Self {
+        Arc::make_mut(&mut self.config).default = Some(route);
+        self
+    }
+
+    /// Takes the account from this header (such as `Authorization`) when the request has no
+    /// [`Account`] extension. The value is hashed before it becomes part of a key, and never
+    /// stored or logged in clear; set a [`key_secret`](Self::key_secret) too, or a reader of the
+    /// store can test guessed tokens against the hash.
+    #[must_use]
+    pub fn account_header(mut self, name: HeaderName) -> Self {
+        Arc::make_mut(&mut self.config).account_header = Some(name);
+        self
+    }
+
+    /// Keys the hashes of secret accounts (the [`account_header`](Self::account_header)'s value
+    /// and [`Account::secret`]) with `secret`: an HMAC-SHA256 (see [`BucketKey::keyed`]) instead
+    /// of a plain SHA-256, which anyone who reads the store could check guesses against. Every
+    /// process sharing the buckets must use the same secret.
+    #[must_use]
+    pub fn key_secret(mut self, secret: KeySecret) -> Self {
+        Arc::make_mut(&mut self.config).key_secret = Some(secret);
+        self
+    }
+
+    /// The longest a request may wait for its turn before it fails with the local 429. By
+    /// default two token periods of the route's limit.
+    #[must_use]
+    pub fn max_wait(mut self, max_wait: Duration) -> Self {
+        Arc::make_mut(&mut self.config).max_wait = Some(max_wait);
+        self
+    }
+
+    /// What a `4xx` answer (other than 429) costs in all, in tokens, when the upstream counts
+    /// errors against the budget (a seller API may count one as 10 requests). The extra tokens
+    /// are taken after the answer arrives, as debt that later requests wait off. Default 1.
+    #[must_use]
+    pub fn error_cost(mut self, tokens: u32) -> Self {
+        Arc::make_mut(&mut self.config).error_cost = tokens.max(1);
+        self
+    }
+
+    /// The longest an upstream 429 may drain the bucket for (default ten minutes): a larger
+    /// `Retry-After` is clamped to it, with a warning. Any value is accepted; a drain never
+    /// reaches past the latest time the arithmetic works with (2^53 − 1 ms after 1970).
+    #[must_use]
+    pub fn max_backoff(mut self, max_backoff: Duration) -> Self {
+        Arc::make_mut(&mut self.config).max_backoff = max_backoff;
+        self
+    }
+
+    /// Reads the time for upstream back-offs from `clock`; use the store's clock.
+    #[must_use]
+    pub fn with_clock<K2: Clock + Clone>(self, clock: K2) -> RateLimitMiddleware<St, K2> {
+        RateLimitMiddleware {
+            store: self.store,
+            clock,
+            config: self.config,
+        }
+    }
+
+    fn route_for(&self, req: &Request) -> Option<&Route> {
+        let config = &self.config;
+        config
+            .routes
+            .iter()
+            .find(|r| r.matches_url(req.method(), req.url()))
+            .or(config.default.as_ref())
+    }
+
+    fn key(&self, route: &Route, req: &Request, extensions: &Extensions) -> BucketKey {
+        account::request_key(
+            &route.bucket,
+            extensions,
+            req.headers(),
+            self.config.account_header.as_ref(),
+            self.config.key_secret.as_ref(),
+        )
+    }
+
+    /// Takes the request's token on a task of its own (the cancellation rule, `crate::cancel`).
+    async fn reserve(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+        max_wait: Duration,
+    ) -> Result<Decision, StoreError> {
+        acquire_detached(&self.store, key, limit, 1, max_wait).await
+    }
+}
+
+#[async_trait::async_trait]
+impl<St, K> Middleware for RateLimitMiddleware<St, K>
+where
+    St: BucketStore + Clone,
+    K: Clock + Clone,
+{
+    async fn handle(
+        &self,
+        req: Request,
+        extensions: &mut Extensions,
+        next: Next<'_>,
+    ) -> reqwest_middleware::Result<Response> {
+        let Some(route) = self.route_for(&req) else {
+            return next.run(req, extensions).await;
+        };
+        let (limit, bucket) = (route.limit, Arc::clone(&route.bucket));
+        let key = self.key(route, &req, extensions);
+        let max_wait = self
+            .config
+            .max_wait
+            .unwrap_or_else(|| limit.default_max_wait(1));
+        let started = tokio::time::Instant::now();
+        let mut ceiling = max_wait;
+        loop {
+            let decision = self
+                .reserve(&key, limit, ceiling)
+                .await
+                .map_err(reqwest_middleware::Error::middleware)?;
+            if !decision.is_admitted() {
+                let retry = decision.retry_after().unwrap_or(Duration::ZERO);
+                tracing::debug!(
+                    bucket = &*bucket,
+                    key = %key.fingerprint(),
+                    retry_ms = retry.as_millis() as u64,
+                    "local 429: the wait would pass the ceiling"
+                );
+                let limited = RateLimited::new(retry, limit, &bucket, decision.remaining());
+                return Err(reqwest_middleware::Error::middleware(limited));
+            }
+            // Admitted now: any drain is already in the bucket it was admitted from.
+            let Some(reservation) = decision
+                .reservation()
+                .filter(|_| !decision.wait().is_zero())
+            else {
+                break;
+            };
+            let mut guard = RefundGuard::new(self.store.clone());
+            guard.push(key.clone(), limit, reservation);
+            tracing::debug!(
+                bucket = &*bucket,
+                key = %key.fingerprint(),
+                wait_ms = decision.wait().as_millis() as u64,
+                "waiting for a reserved token"
+            );
+            tokio::time::sleep(decision.wait()).await;
+            guard.disarm();
+            if !self.halted(&key, limit, &reservation).await {
+                break;
+            }
+            // Queued again behind the back-off, within what is left of the ceiling; the first
+            // reservation's tokens stay spent.
+            ceiling = max_wait.saturating_sub(started.elapsed());
+            tracing::debug!(
+                bucket = &*bucket,
+                key = %key.fingerprint(),
+                ceiling_ms = ceiling.as_millis() as u64,
+                "an upstream back-off passed the reserved slot: queuing again"
+            );
+        }
+        let res = next.run(req, extensions).await?;
+        self.feedback(&key, limit, &res).await;
+        Ok(res)
+    }
+}
+
+impl<St: Clone, K: Clone> Clone for RateLimitMiddleware<St, K> {
+    fn clone(&self) -> Self {
+        Self {
+            store: self.store.clone(),
+            clock: self.clock.clone(),
+            config: Arc::clone(&self.config),
+        }
+    }
+}
+
+impl<St: fmt::Debug, K: fmt::Debug> fmt::Debug for RateLimitMiddleware<St, K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitMiddleware")
+            .field("store", &self.store)
+            .field("clock", &self.clock)
+            .field("routes", &self.config.routes)
+            .field("default_route", &self.config.default)
+            .field("account_header", &self.config.account_header)
+            .field("key_secret", &self.config.key_secret)
+            .field("max_wait", &self.config.max_wait)
+            .field("error_cost", &self.config.error_cost)
+            .field("max_backoff", &self.config.max_backoff)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests;
