@@ -28,11 +28,17 @@ pub(super) struct Table {
 pub(super) const MAX_TABLE_LEN: usize = if cfg!(test) { 40 } else { (1 << 24) - 1 };
 
 impl Table {
+    /// The table of a shard that holds nothing yet: one, shared by every such shard of every
+    /// store, so that a store's many shards, and the threads' views of them, cost no allocation
+    /// each until keys reach them.
     pub(super) fn empty() -> Self {
-        Table {
-            index: Arc::new([0]),
-            buckets: Arc::new([]),
-        }
+        static EMPTY: std::sync::OnceLock<Table> = std::sync::OnceLock::new();
+        EMPTY
+            .get_or_init(|| Table {
+                index: Arc::new([0]),
+                buckets: Arc::new([]),
+            })
+            .clone()
     }
 
     /// The bucket of `id`, locked, if the table has it and it has not gone to a newer table.
