@@ -684,7 +684,7 @@ async fn drain_deny_set(
             let work = Arc::clone(work);
             tokio::spawn(async move {
                 for key in work.deny.iter().skip(t).step_by(concurrency) {
-                    store
+                    let _emptied = store
                         .acquire(key, work.deny_limit, 1, Duration::ZERO)
                         .await?;
                     let after = store

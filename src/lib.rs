@@ -289,6 +289,11 @@ pub use limit::{InvalidLimit, Limit};
 #[cfg(feature = "reqwest")]
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
 pub use middleware::RateLimitMiddleware;
+/// The redis-rs crate this one is built on, whose connection types [`RedisStore`] takes: use it
+/// to open connections of the version the store expects.
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use redis;
 pub use store::{
     BackendError, BoxFuture, BucketStore, Decision, DynBucketStore, MemoryStore, Quota,
     Reservation, StoreError,

@@ -103,7 +103,13 @@ mod cases {
         let store = make(clock.clone()).await;
         let l = limit(1, 1_000, 3);
         let k = key("refund", "a");
-        store.acquire(&k, l, 3, ZERO).await.expect("decides");
+        assert!(
+            store
+                .acquire(&k, l, 3, ZERO)
+                .await
+                .expect("decides")
+                .is_admitted()
+        );
         let d = store
             .acquire(&k, l, 2, Duration::from_secs(10))
             .await
@@ -271,7 +277,13 @@ mod cases {
             assert_eq!((q.capacity(), q.remaining(), q.used()), (4, 4, 0));
             assert_eq!((q.resets_in(), q.next_token_in()), (ZERO, ZERO));
         }
-        store.acquire(&k, l, 3, ZERO).await.expect("decides");
+        assert!(
+            store
+                .acquire(&k, l, 3, ZERO)
+                .await
+                .expect("decides")
+                .is_admitted()
+        );
         let q = store.peek(&k, l).await.expect("peeks");
         assert_eq!((q.remaining(), q.used()), (1, 3));
         assert_eq!(q.resets_in(), Duration::from_millis(1_500));

@@ -444,10 +444,13 @@ async fn stall(connect: bool) {
     // The script is loaded, as on a server that has been serving for a while: a first call after
     // the stall then runs it, rather than meeting NOSCRIPT.
     let warm = BucketKey::new("faults", "warm").expect("a valid key");
-    store
-        .acquire(&warm, l, 1, Duration::ZERO)
-        .await
-        .expect("Redis is up");
+    assert!(
+        store
+            .acquire(&warm, l, 1, Duration::ZERO)
+            .await
+            .expect("Redis is up")
+            .is_admitted()
+    );
     signal(server.pid, "STOP");
     let calls: Vec<_> = (0..CALLS)
         .map(|_| {

@@ -952,3 +952,19 @@ async fn poll_ready_is_the_inner_services() {
         other => panic!("expected the inner error, got {other:?}"),
     }
 }
+
+/// The accessors tower-http's middleware give: the inner service can be reached and taken back,
+/// and the layer made from the service's own name.
+#[tokio::test(start_paused = true)]
+async fn the_inner_service_can_be_reached_and_taken_back() {
+    #[derive(Clone, Debug, PartialEq)]
+    struct Inner(u32);
+
+    let store = MemoryStore::with_clock(TokioClock::new());
+    let mut svc = burstgate::layer::RateLimit::layer(store)
+        .rule(per_key(orders()))
+        .layer(Inner(7));
+    assert_eq!(svc.get_ref(), &Inner(7));
+    svc.get_mut().0 = 8;
+    assert_eq!(svc.into_inner(), Inner(8));
+}

@@ -586,7 +586,12 @@ async fn after_script_flush_the_script_runs_as_eval_without_script_load() {
     // EVALSHA (NOSCRIPT), then EVAL.
     assert_eq!(conn.calls() - before, 2);
     let before = conn.calls();
-    s.acquire(&k, limit(1, 5), 1, ZERO).await.expect("decides");
+    assert!(
+        s.acquire(&k, limit(1, 5), 1, ZERO)
+            .await
+            .expect("decides")
+            .is_admitted()
+    );
     assert_eq!(
         conn.calls() - before,
         1,

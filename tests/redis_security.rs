@@ -135,10 +135,13 @@ mod keys {
             let redis_key = format!("burstgate:v3:orders:#{hex}");
             assert_eq!(store.redis_key(&key), redis_key);
             assert!(!format!("{key:?} {key}").contains("tok"), "{key:?}");
-            store
-                .acquire(&key, limit(), 1, ZERO)
-                .await
-                .expect("decides");
+            assert!(
+                store
+                    .acquire(&key, limit(), 1, ZERO)
+                    .await
+                    .expect("decides")
+                    .is_admitted()
+            );
             store
                 .drain_until(&key, limit(), std::time::SystemTime::now())
                 .await

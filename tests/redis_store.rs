@@ -40,10 +40,13 @@ async fn a_bucket_is_one_string_under_a_versioned_prefix_with_a_refill_ttl() {
     let redis_key = format!("{prefix}:v3:orders:seller%3A1");
     assert_eq!(store.redis_key(&key), redis_key);
 
-    store
-        .acquire(&key, orders(), 3, ZERO)
-        .await
-        .expect("decides");
+    assert!(
+        store
+            .acquire(&key, orders(), 3, ZERO)
+            .await
+            .expect("decides")
+            .is_admitted()
+    );
     let mut c = conn().await;
     let kind: String = redis::cmd("TYPE")
         .arg(&redis_key)
@@ -109,10 +112,13 @@ async fn the_script_is_loaded_again_after_script_flush() {
         .with_prefix(&redis_server::unique_prefix())
         .expect("a valid prefix");
     let key = BucketKey::new("flush", "a").expect("a valid key");
-    store
-        .acquire(&key, orders(), 1, ZERO)
-        .await
-        .expect("decides");
+    assert!(
+        store
+            .acquire(&key, orders(), 1, ZERO)
+            .await
+            .expect("decides")
+            .is_admitted()
+    );
     let mut c = conn().await;
     let _: () = redis::cmd("SCRIPT")
         .arg("FLUSH")
@@ -238,10 +244,13 @@ async fn a_connection_manager_reconnects_by_itself() {
         .with_prefix(&redis_server::unique_prefix())
         .expect("a valid prefix");
     let key = BucketKey::new("managed", "a").expect("a valid key");
-    store
-        .acquire(&key, orders(), 1, ZERO)
-        .await
-        .expect("decides");
+    assert!(
+        store
+            .acquire(&key, orders(), 1, ZERO)
+            .await
+            .expect("decides")
+            .is_admitted()
+    );
     let mut m = manager.clone();
     let id: i64 = redis::cmd("CLIENT")
         .arg("ID")

@@ -75,6 +75,31 @@ impl<S: fmt::Debug, St> fmt::Debug for RateLimit<S, St> {
     }
 }
 
+impl<S, St> RateLimit<S, St> {
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service, taking the limiter apart.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<St: crate::BucketStore + Clone> RateLimit<(), St> {
+    /// The layer that makes this service: [`RateLimitLayer::new`](super::RateLimitLayer::new),
+    /// for those who start from the service's name, as tower-http's `layer()` functions allow.
+    pub fn layer(store: St) -> super::RateLimitLayer<St> {
+        super::RateLimitLayer::new(store)
+    }
+}
+
 impl<S: Clone, St> Clone for RateLimit<S, St> {
     fn clone(&self) -> Self {
         Self {

@@ -131,7 +131,11 @@ pub trait BucketStore: Send + Sync + 'static {
 }
 
 /// The outcome of [`BucketStore::acquire`]: everything a caller needs, from one store call.
+///
+/// A decision to admit has taken tokens: dropping it unread sends a request the caller never
+/// checked was allowed, hence `#[must_use]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "a decision says whether the request may go, and when"]
 pub struct Decision {
     admitted: bool,
     /// Milliseconds, as the arithmetic gives them; a `Duration` is made when asked for, which

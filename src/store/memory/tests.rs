@@ -541,7 +541,11 @@ fn a_shard_full_of_debt_refuses_a_new_key_and_forgets_nothing() {
     let others = same_shard(&store, &first, 2);
     // One bucket per shard: the first key, in debt, fills its shard.
     let reserve = |key: &BucketKey| {
-        now_or_never(store.acquire(key, limit, 5, Duration::ZERO)).expect("decides");
+        assert!(
+            now_or_never(store.acquire(key, limit, 5, Duration::ZERO))
+                .expect("decides")
+                .is_admitted()
+        );
         now_or_never(store.acquire(key, limit, 1, Duration::from_secs(3_600)))
     };
     assert!(reserve(&first).is_ok_and(|d| d.is_admitted()));
