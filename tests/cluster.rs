@@ -395,7 +395,10 @@ async fn reshard_under_load(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slot_moved_under_load_keeps_its_buckets_and_the_limit() {
     let run = reshard_under_load(|store| {
-        store.with_breaker(Breaker::new(u32::MAX, Duration::from_millis(1)))
+        store.with_breaker(Breaker::new(
+            std::num::NonZeroU32::new(u32::MAX).expect("non-zero"),
+            Duration::from_millis(1),
+        ))
     })
     .await;
     for (i, m) in run.moves.iter().enumerate() {

@@ -522,7 +522,7 @@ async fn error_cost_makes_a_4xx_answer_cost_that_many_tokens() {
     let client = client(
         RateLimitMiddleware::new(store.clone())
             .route(route("api", api, "/**"))
-            .error_cost(10)
+            .error_cost(std::num::NonZeroU32::new(10).expect("non-zero"))
             .max_wait(Duration::from_secs(5)),
     );
     let url = |p: &str| format!("{}{p}", server.uri());

@@ -202,7 +202,10 @@ async fn fail_closed_errs_then_answers_at_once_while_the_circuit_is_open() {
 async fn the_circuit_probes_after_open_for_and_closes_when_redis_answers() {
     let clock = ManualClock::new(START);
     let conn = Switch::new().await;
-    let store = store(conn.clone(), &clock).with_breaker(Breaker::new(2, Duration::from_secs(1)));
+    let store = store(conn.clone(), &clock).with_breaker(Breaker::new(
+        std::num::NonZeroU32::new(2).expect("non-zero"),
+        Duration::from_secs(1),
+    ));
     let k = key("probe");
     let l = limit(1, 5);
     assert!(
@@ -246,8 +249,10 @@ async fn a_failed_probe_keeps_the_circuit_open_for_another_period() {
     let clock = ManualClock::new(START);
     let conn = Switch::detached();
     conn.set(REFUSING);
-    let store =
-        store(conn.clone(), &clock).with_breaker(Breaker::new(1, Duration::from_millis(100)));
+    let store = store(conn.clone(), &clock).with_breaker(Breaker::new(
+        std::num::NonZeroU32::new(1).expect("non-zero"),
+        Duration::from_millis(100),
+    ));
     let k = key("reopen");
     assert!(matches!(
         store.acquire(&k, limit(1, 5), 1, ZERO).await,
@@ -643,7 +648,10 @@ async fn every_change_of_the_circuit_is_a_tracing_event() {
     let _guard = tracing::dispatcher::set_default(&tracing::Dispatch::new(events.clone()));
     let clock = ManualClock::new(START);
     let conn = Switch::new().await;
-    let store = store(conn.clone(), &clock).with_breaker(Breaker::new(1, Duration::from_secs(1)));
+    let store = store(conn.clone(), &clock).with_breaker(Breaker::new(
+        std::num::NonZeroU32::new(1).expect("non-zero"),
+        Duration::from_secs(1),
+    ));
     let k = key("events");
     let l = limit(1, 5);
     conn.set(REFUSING);
@@ -767,7 +775,10 @@ async fn a_probe_that_never_answers_is_superseded_after_open_for() {
     // A timeout far longer than the breaker's period: the probe is stuck, not timed out.
     let store = store(conn.clone(), &clock)
         .with_timeout(Duration::from_secs(60))
-        .with_breaker(Breaker::new(1, Duration::from_millis(100)));
+        .with_breaker(Breaker::new(
+            std::num::NonZeroU32::new(1).expect("non-zero"),
+            Duration::from_millis(100),
+        ));
     let l = limit(1, 5);
     let k = key("stuck");
     conn.set(REFUSING);

@@ -9,6 +9,7 @@ pub use self::account::Account;
 pub use self::route::Route;
 
 use std::fmt;
+use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -195,8 +196,8 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
     /// errors against the budget (a seller API may count one as 10 requests). The extra tokens
     /// are taken after the answer arrives, as debt that later requests wait off. Default 1.
     #[must_use]
-    pub fn error_cost(mut self, tokens: u32) -> Self {
-        Arc::make_mut(&mut self.config).error_cost = tokens.max(1);
+    pub fn error_cost(mut self, tokens: NonZeroU32) -> Self {
+        Arc::make_mut(&mut self.config).error_cost = tokens.get();
         self
     }
 

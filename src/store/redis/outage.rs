@@ -222,10 +222,12 @@ pub struct Breaker {
 }
 
 impl Breaker {
-    /// Opens after `failures` failed calls in a row (at least 1), for `open_for` (at least 1 ms).
-    pub fn new(failures: u32, open_for: Duration) -> Self {
+    /// Opens after `failures` failed calls in a row, for `open_for`. An `open_for` below a
+    /// millisecond is taken as one: a circuit open for no time would let every call through as
+    /// a probe.
+    pub fn new(failures: NonZeroU32, open_for: Duration) -> Self {
         Self {
-            failures: failures.max(1),
+            failures: failures.get(),
             open_for: open_for.max(Duration::from_millis(1)),
         }
     }
@@ -243,7 +245,10 @@ impl Breaker {
 
 impl Default for Breaker {
     fn default() -> Self {
-        Self::new(3, Duration::from_millis(500))
+        Self::new(
+            NonZeroU32::MIN.saturating_add(2),
+            Duration::from_millis(500),
+        )
     }
 }
 
@@ -470,6 +475,10 @@ impl Drop for Ticket<'_> {
 mod tests {
     use super::*;
 
+    fn nz(n: u32) -> NonZeroU32 {
+        NonZeroU32::new(n).expect("non-zero")
+    }
+
     fn advance(ms: u64) -> impl std::future::Future<Output = ()> {
         tokio::time::advance(Duration::from_millis(ms))
     }
@@ -480,7 +489,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn opens_after_the_threshold_and_probes_after_open_for() {
-        let c = Circuit::new(Breaker::new(3, Duration::from_millis(500)));
+        let c = Circuit::new(Breaker::new(nz(3), Duration::from_millis(500)));
         for _ in 0..2 {
             c.pass().expect("closed").failure(&"down");
         }
@@ -507,7 +516,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_success_resets_the_count() {
-        let c = Circuit::new(Breaker::new(2, Duration::from_millis(10)));
+        let c = Circuit::new(Breaker::new(nz(2), Duration::from_millis(10)));
         c.pass().expect("closed").failure(&"down");
         c.pass().expect("closed").success();
         c.pass().expect("closed").failure(&"down");
@@ -518,7 +527,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_dropped_probe_releases_its_slot_and_counts_as_a_failure() {
-        let c = Circuit::new(Breaker::new(1, Duration::from_millis(500)));
+        let c = Circuit::new(Breaker::new(nz(1), Duration::from_millis(500)));
         c.pass().expect("closed").failure(&"down");
         advance(500).await;
         let probe = c.pass();
@@ -536,7 +545,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_probe_that_never_answers_is_superseded_after_open_for() {
-        let c = Circuit::new(Breaker::new(1, Duration::from_millis(500)));
+        let c = Circuit::new(Breaker::new(nz(1), Duration::from_millis(500)));
         c.pass().expect("closed").failure(&"down");
         advance(500).await;
         let stuck = c.pass();
@@ -554,7 +563,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_late_probe_failure_reopens_a_circuit_another_call_closed() {
-        let c = Circuit::new(Breaker::new(1, Duration::from_millis(500)));
+        let c = Circuit::new(Breaker::new(nz(1), Duration::from_millis(500)));
         let slow = c.pass().expect("closed");
         c.pass().expect("closed").failure(&"down");
         advance(500).await;
@@ -574,7 +583,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_dropped_call_through_the_closed_circuit_counts_for_nothing() {
-        let c = Circuit::new(Breaker::new(1, Duration::from_millis(500)));
+        let c = Circuit::new(Breaker::new(nz(1), Duration::from_millis(500)));
         drop(c.pass());
         let mut quick = c.pass().expect("closed");
         quick.stalls_after(Duration::from_millis(125));
@@ -585,7 +594,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_outer_timeout_shorter_than_the_stores_hides_a_stall_from_the_breaker() {
-        let c = Circuit::new(Breaker::new(2, Duration::from_millis(500)));
+        let c = Circuit::new(Breaker::new(nz(2), Duration::from_millis(500)));
         for _ in 0..2 {
             let mut call = c.pass().expect("closed");
             call.stalls_after(Duration::from_millis(125));
@@ -597,8 +606,8 @@ mod tests {
     }
 
     #[test]
-    fn degenerate_settings_are_clamped() {
-        let b = Breaker::new(0, Duration::ZERO);
+    fn an_open_period_below_a_millisecond_is_one() {
+        let b = Breaker::new(NonZeroU32::MIN, Duration::ZERO);
         assert_eq!(b.failures(), 1);
         assert_eq!(b.open_for(), Duration::from_millis(1));
     }
