@@ -20,9 +20,12 @@
 //!   a refill long enough to fill the bucket, however it rounds ([`refills_to_full`]). The Lua
 //!   always divides.
 
+use crate::Limit;
+
 /// The largest time, in milliseconds since the Unix epoch, the arithmetic works with (2^53 − 1,
-/// about 285,000 years). Later times are clamped to it; every smaller time is an exact `f64`.
-pub(crate) const MAX_TIME: u64 = (1 << 53) - 1;
+/// about 285,000 years), the clocks' own bound. Later times are clamped to it; every smaller time
+/// is an exact `f64`.
+pub(crate) const MAX_TIME: u64 = crate::clock::LATEST_MS;
 
 /// The longest reservation, in milliseconds (2^44, about 557 years); longer `max_wait`s are
 /// clamped to it. It bounds the debt a bucket can carry, which keeps every wait far below 2^53
@@ -66,6 +69,15 @@ pub(crate) struct Params {
 // debt, and the script takes them as they are (packed into its argument), so no Lua expression
 // has to match them.
 impl Params {
+    /// The parameters of `limit`, as the arithmetic computes with them.
+    pub(crate) fn of(limit: &Limit) -> Self {
+        Self::new(
+            f64::from(limit.tokens()),
+            limit.interval_ms() as f64,
+            f64::from(limit.burst()),
+        )
+    }
+
     /// How far a stored time may lead the caller's clock, in milliseconds: the time to refill an
     /// empty bucket, rounded up, plus one interval. No write leads the writer's own clock, so a
     /// lead beyond this is a clock that stepped back, or a writer whose clock runs far ahead.

@@ -302,6 +302,11 @@ pub(crate) fn whole_ms(d: Duration) -> u64 {
         .saturating_add(u64::from(d.subsec_millis()))
 }
 
+/// The latest time the stores work with, in milliseconds since 1970: 2^53 − 1, the largest
+/// count of milliseconds an `f64` holds exactly, so that the arithmetic and its Lua mirror
+/// compute on exact times. Every later time is clamped to it.
+pub(crate) const LATEST_MS: u64 = (1 << 53) - 1;
+
 /// Milliseconds since the epoch for a deadline, rounded up so a drain never ends early.
 pub(crate) fn deadline_ms(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
@@ -318,7 +323,7 @@ pub(crate) fn deadline_ms(t: SystemTime) -> u64 {
 #[cfg(feature = "reqwest")]
 pub(crate) fn add_or_latest(t: SystemTime, d: Duration) -> SystemTime {
     t.checked_add(d)
-        .unwrap_or(UNIX_EPOCH + Duration::from_millis(crate::bucket::MAX_TIME))
+        .unwrap_or(UNIX_EPOCH + Duration::from_millis(LATEST_MS))
 }
 
 #[cfg(test)]

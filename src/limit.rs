@@ -3,8 +3,6 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::bucket::Params;
-
 /// The longest interval, and the longest time to refill an empty bucket, a [`Limit`] accepts:
 /// 2^42 milliseconds, about 139 years. Longer ones could not be told apart from "never" and would
 /// push the arithmetic past what an `f64` holds exactly.
@@ -158,14 +156,6 @@ impl Limit {
         let ms =
             (2 * u128::from(self.interval_ms) * u128::from(cost)).div_ceil(u128::from(self.tokens));
         Duration::from_millis(u64::try_from(ms).unwrap_or(u64::MAX))
-    }
-
-    pub(crate) fn params(&self) -> Params {
-        Params::new(
-            f64::from(self.tokens),
-            self.interval_ms() as f64,
-            f64::from(self.burst),
-        )
     }
 }
 

@@ -56,7 +56,7 @@ fn skewed(
     let lead = (u64::from(limit.burst()) * limit.interval_ms()).div_ceil(u64::from(limit.tokens()))
         + limit.interval_ms();
     let skew = skew.min(lead / 2);
-    let p = limit.params();
+    let p = Params::of(limit);
     let mut state: Option<State> = None;
     let mut true_now = START;
     let mut admissions = Vec::new();
@@ -114,7 +114,7 @@ proptest! {
 
     #[test]
     fn a_full_bucket_admits_exactly_burst_at_once(limit in limit(), now in START..START * 2) {
-        let p = limit.params();
+        let p = Params::of(&limit);
         let mut state = None;
         // Bursts above a few thousand are covered by their first and last steps.
         let burst = u64::from(limit.burst());
@@ -142,7 +142,7 @@ proptest! {
         limit in small_limit(),
         steps in prop::collection::vec((0u64..200, 1u32..=3, prop::bool::weighted(0.3)), 1..200),
     ) {
-        let p = limit.params();
+        let p = Params::of(&limit);
         let mut state = None;
         let mut now = START;
         let mut admissions = Vec::new();
@@ -170,7 +170,7 @@ proptest! {
         let limit = Limit::new(tokens, Duration::from_millis(interval))
             .and_then(|l| l.with_burst(1));
         let Ok(limit) = limit else { return Err(TestCaseError::fail("valid limit")) };
-        let p = limit.params();
+        let p = Params::of(&limit);
         let mut state = None;
         let mut now = START;
         let mut admissions = Vec::new();
@@ -202,7 +202,7 @@ proptest! {
         cost in 1u32..=4,
         now in START..START * 2,
     ) {
-        let p = limit.params();
+        let p = Params::of(&limit);
         let mut state = None;
         let mut t = now;
         for (dt, c) in history {
@@ -229,7 +229,7 @@ proptest! {
         callers in 1u64..30,
         cost in 1u32..=3,
     ) {
-        let p = limit.params();
+        let p = Params::of(&limit);
         let cost = cost.min(limit.burst());
         let (tokens, interval) = (u64::from(limit.tokens()), limit.interval_ms());
         // Where the schedule is not capped by the bucket: a reservation is served at a whole
@@ -282,7 +282,7 @@ proptest! {
         limit in small_limit(),
         ops in prop::collection::vec((0u64..2_000, 0u8..5, any::<u32>()), 1..120),
     ) {
-        let p = limit.params();
+        let p = Params::of(&limit);
         let refill = u64::try_from(limit.refill_time().as_millis()).unwrap_or(u64::MAX);
         let mut state = None;
         let mut now = START;
@@ -349,7 +349,7 @@ proptest! {
         limit in small_limit(),
         ops in prop::collection::vec((0u64..2_000, 0u8..4, any::<u32>()), 1..80),
     ) {
-        let p = limit.params();
+        let p = Params::of(&limit);
         let refill = u64::try_from(limit.refill_time().as_millis()).unwrap_or(u64::MAX);
         let (mut state, mut stored_halt, mut now) = (None, 0.0, START);
         for (dt, op, pick) in ops {
@@ -385,7 +385,7 @@ proptest! {
         limit in limit(),
         ops in prop::collection::vec((any::<u64>(), any::<u32>(), 0u8..4, any::<u64>()), 1..30),
     ) {
-        let p = limit.params();
+        let p = Params::of(&limit);
         let mut state = None;
         for (now, cost, op, arg) in ops {
             let cost = f64::from(1 + cost % limit.burst());
@@ -423,7 +423,7 @@ proptest! {
 fn a_stale_clock_refills_nothing_and_never_moves_time_back() {
     let limit = Limit::per_second(1).and_then(|l| l.with_burst(2));
     let p = limit
-        .map(|l| l.params())
+        .map(|l| Params::of(&l))
         .unwrap_or(Params::new(1.0, 1000.0, 2.0));
     let (_, w) = evaluate(&p, None, 10_000, 2.0, 0);
     let state = w.map(|w| w.state);
@@ -564,7 +564,7 @@ proptest! {
     #[test]
     fn refill_shortcuts_agree_with_the_plain_formula(
         (p, t, elapsed) in limit().prop_flat_map(|l| {
-            let p = l.params();
+            let p = Params::of(&l);
             (Just(p), stored_tokens(&p))
         }).prop_flat_map(|(p, t)| {
             // The span at which `refills_to_full` starts to hold, and spans around it.

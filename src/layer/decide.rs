@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use http::Response;
 
+use super::config::Config;
 use super::headers::{self, Item};
-use super::layer::Config;
 use super::rejection;
 use crate::cancel::RefundGuard;
 use crate::{BucketKey, BucketStore, Decision, RateLimited};

@@ -5,6 +5,7 @@ use std::time::Duration;
 use http::{HeaderName, HeaderValue, StatusCode};
 use tower_layer::Layer;
 
+use super::config::Config;
 use super::headers;
 use super::rejection::Rejection;
 use super::{RateLimit, Rule};
@@ -15,29 +16,6 @@ use crate::{BucketStore, RateLimited};
 /// Cheap to clone: the configuration is shared behind an `Arc`.
 pub struct RateLimitLayer<St> {
     pub(crate) config: Arc<Config<St>>,
-}
-
-pub(crate) struct Config<St> {
-    pub(crate) store: St,
-    pub(crate) rules: Vec<Rule>,
-    /// `RateLimit-Policy` when every rule applies, the usual case, built once.
-    pub(crate) policy_all: Option<HeaderValue>,
-    pub(crate) max_wait: Duration,
-    pub(crate) headers_on_success: bool,
-    pub(crate) rejection: Rejection,
-}
-
-impl<St: Clone> Clone for Config<St> {
-    fn clone(&self) -> Self {
-        Self {
-            store: self.store.clone(),
-            rules: self.rules.clone(),
-            policy_all: self.policy_all.clone(),
-            max_wait: self.max_wait,
-            headers_on_success: self.headers_on_success,
-            rejection: self.rejection.clone(),
-        }
-    }
 }
 
 impl<St: BucketStore + Clone> RateLimitLayer<St> {
@@ -114,20 +92,6 @@ impl<St: BucketStore + Clone> RateLimitLayer<St> {
     }
 }
 
-impl<St> Config<St> {
-    /// `RateLimit-Policy` for the `count` rules numbered `applied` (in order, each once).
-    pub(crate) fn policy(
-        &self,
-        applied: impl Iterator<Item = usize>,
-        count: usize,
-    ) -> Option<HeaderValue> {
-        if count == self.rules.len() {
-            return self.policy_all.clone();
-        }
-        headers::policy(applied.map(|i| &self.rules[i].policy))
-    }
-}
-
 impl<S, St> Layer<S> for RateLimitLayer<St> {
     type Service = RateLimit<S, St>;
 
@@ -150,17 +114,5 @@ impl<St> Clone for RateLimitLayer<St> {
 impl<St: fmt::Debug> fmt::Debug for RateLimitLayer<St> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.config.fmt(f)
-    }
-}
-
-impl<St: fmt::Debug> fmt::Debug for Config<St> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RateLimitLayer")
-            .field("store", &self.store)
-            .field("rules", &self.rules)
-            .field("max_wait", &self.max_wait)
-            .field("headers_on_success", &self.headers_on_success)
-            .field("rejection_status", &self.rejection.status)
-            .finish_non_exhaustive()
     }
 }

@@ -101,6 +101,7 @@
 //! `tracing` events at debug level for each admitted and refused request carry the rule, a short
 //! fingerprint of the key (never the raw key or header value), the tokens remaining and the wait.
 
+mod config;
 mod decide;
 mod future;
 mod headers;

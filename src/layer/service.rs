@@ -6,9 +6,9 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower_service::Service;
 
+use super::config::Config;
 use super::decide::{Few, Planned, decide};
 use super::future::ResponseFuture;
-use super::layer::Config;
 use super::rejection::{self, missing_body};
 use super::rule::Plan;
 use crate::BucketStore;

@@ -21,7 +21,7 @@ use std::time::{Duration, SystemTime};
 use hashbrown::{DefaultHashBuilder, HashTable};
 use spinning_top::Spinlock;
 
-use crate::bucket::{self, State, Write};
+use crate::bucket::{self, Params, State, Write};
 use crate::clock::{Clock, SystemClock, deadline_ms, whole_ms};
 use crate::store::{BucketStore, Decision, Quota, Reservation, StoreError, check_cost};
 use crate::{BucketKey, Limit};
@@ -342,7 +342,7 @@ impl<C: Clock> BucketStore for MemoryStore<C> {
         // decision costs").
         let result = check_cost(&limit, cost).map(|cost_f| {
             let max_wait = whole_ms(max_wait);
-            let p = limit.params();
+            let p = Params::of(&limit);
             let outcome = self.with_bucket(key, |state, now| {
                 bucket::evaluate(&p, state, now, cost_f, max_wait)
             });
@@ -362,7 +362,7 @@ impl<C: Clock> BucketStore for MemoryStore<C> {
         key: &BucketKey,
         limit: Limit,
     ) -> impl Future<Output = Result<Quota, StoreError>> + Send {
-        let p = limit.params();
+        let p = Params::of(&limit);
         let outcome = self.with_bucket(key, |state, now| {
             let halt = self.inner.halts.get(key.as_str());
             let halt = bucket::halt(&p, state, halt, now, None);
@@ -381,7 +381,7 @@ impl<C: Clock> BucketStore for MemoryStore<C> {
         reservation: Reservation,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         let result = check_cost(&limit, reservation.cost()).and_then(|cost| {
-            let p = limit.params();
+            let p = Params::of(&limit);
             let ready = reservation.ready_at_ms();
             self.with_bucket(key, |state, now| {
                 ((), bucket::refund(&p, state, now, cost, ready).1)
@@ -397,7 +397,7 @@ impl<C: Clock> BucketStore for MemoryStore<C> {
         limit: Limit,
         until: SystemTime,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let p = limit.params();
+        let p = Params::of(&limit);
         let until = deadline_ms(until);
         ready(
             self.with_bucket(key, |state, now| {
@@ -418,7 +418,7 @@ impl<C: Clock> MemoryStore<C> {
     /// not hold a bucket for every key Redis decides on.
     #[cfg(feature = "redis")]
     pub(crate) fn drain_held(&self, key: &BucketKey, limit: Limit, until: u64) {
-        let p = limit.params();
+        let p = Params::of(&limit);
         // A held bucket needs no room, so this cannot fail.
         let _ = self.with_bucket(key, |state, now| match state {
             Some(_) => ((), Some(bucket::drain_until(&p, state, now, until))),
@@ -439,7 +439,7 @@ impl<C: Clock> MemoryStore<C> {
         if since == 0 {
             return Ok(());
         }
-        let p = limit.params();
+        let p = Params::of(&limit);
         self.with_bucket(key, |state, now| match state {
             // A bucket full by now says nothing a missing one does not.
             None => (

@@ -146,7 +146,7 @@ fn run(ops: &[Op], keys: &[BucketKey], limits: &[Limit]) -> Result<(), TestCaseE
                 match check_cost(&limit, cost) {
                     Ok(c) => {
                         let (o, w) = bucket::evaluate(
-                            &limit.params(),
+                            &Params::of(&limit),
                             model.state(key),
                             now,
                             c,
@@ -164,7 +164,7 @@ fn run(ops: &[Op], keys: &[BucketKey], limits: &[Limit]) -> Result<(), TestCaseE
             Op::Peek { key } => {
                 let (key, limit) = (&keys[key], limits[key % limits.len()]);
                 let got = now_or_never(store.peek(key, limit)).ok();
-                let (p, state) = (limit.params(), model.state(key));
+                let (p, state) = (Params::of(&limit), model.state(key));
                 let o = bucket::peek(&p, state, now);
                 let halt = bucket::halt(&p, state, model.halt(key), now, None);
                 let expected = Quota::new(o, limit).with_halt(halt as u64);
@@ -179,7 +179,8 @@ fn run(ops: &[Op], keys: &[BucketKey], limits: &[Limit]) -> Result<(), TestCaseE
                 match check_cost(&limit, cost) {
                     Ok(c) => {
                         prop_assert!(got.is_ok(), "{:?}", op);
-                        let (_, w) = bucket::refund(&limit.params(), model.state(key), now, c, now);
+                        let (_, w) =
+                            bucket::refund(&Params::of(&limit), model.state(key), now, c, now);
                         model.update(key, w);
                     }
                     Err(e) => {
@@ -192,11 +193,15 @@ fn run(ops: &[Op], keys: &[BucketKey], limits: &[Limit]) -> Result<(), TestCaseE
                 let (key, limit) = (&keys[key], limits[key % limits.len()]);
                 let until = UNIX_EPOCH + Duration::from_millis(now + ahead_ms);
                 prop_assert!(now_or_never(store.drain_until(key, limit, until)).is_ok());
-                let (p, deadline) = (limit.params(), deadline_ms(until));
+                let (p, deadline) = (Params::of(&limit), deadline_ms(until));
                 let halt = bucket::halt(&p, model.state(key), model.halt(key), now, Some(deadline));
                 model.halts.insert(key.as_str().to_owned(), halt);
-                let w =
-                    bucket::drain_until(&limit.params(), model.state(key), now, deadline_ms(until));
+                let w = bucket::drain_until(
+                    &Params::of(&limit),
+                    model.state(key),
+                    now,
+                    deadline_ms(until),
+                );
                 model.update(key, Some(w));
             }
             Op::Advance(ms) => clock.advance(Duration::from_millis(ms)),

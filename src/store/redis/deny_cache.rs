@@ -19,7 +19,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use hashbrown::{DefaultHashBuilder, HashTable};
 
-use crate::bucket::{self, Outcome, State};
+use crate::bucket::{self, Outcome, Params, State};
 use crate::{BucketKey, Limit};
 
 /// Entries per shard; a full shard first drops entries whose buckets would admit by now, and
@@ -113,7 +113,7 @@ impl DenyCache {
         let entry = found.get_mut();
         if entry.limit == limit {
             let (outcome, write) =
-                bucket::evaluate(&limit.params(), Some(entry.state), now, cost, max_wait);
+                bucket::evaluate(&Params::of(&limit), Some(entry.state), now, cost, max_wait);
             // A denial writes only a stored time moved back to the lead bound, which the entry
             // keeps as Redis will.
             if let Some(w) = write {
@@ -155,7 +155,7 @@ impl DenyCache {
         if shard.len() >= SHARD_CAPACITY {
             // What would admit a single token now can no longer deny anything.
             shard.retain(|e| {
-                !bucket::evaluate(&e.limit.params(), Some(e.state), now, 1.0, 0)
+                !bucket::evaluate(&Params::of(&e.limit), Some(e.state), now, 1.0, 0)
                     .0
                     .allowed
             });

@@ -15,7 +15,7 @@ use redis::aio::MultiplexedConnection;
 use super::script::script;
 use super::wire::{Args, Op, decode, decode_halt};
 use crate::Limit;
-use crate::bucket::{self, MAX_TIME, State};
+use crate::bucket::{self, MAX_TIME, Params, State};
 
 #[path = "../../../tests/support/redis_server.rs"]
 pub(super) mod redis_server;
@@ -85,7 +85,7 @@ async fn trace(
 ) -> Result<(), String> {
     let mut rng = Rng(seed);
     let limit = random_limit(&mut rng);
-    let p = limit.params();
+    let p = Params::of(&limit);
     let per_token = (limit.interval_ms() / u64::from(limit.tokens())).max(1);
     // At most 2^42 + 1 by construction.
     let refill_ms = limit.refill_time().as_millis() as u64;
@@ -226,7 +226,7 @@ async fn check_step(
     }: Step,
     log: &str,
 ) -> Result<bucket::Outcome, String> {
-    let p = limit.params();
+    let p = Params::of(&limit);
     let state = stored.state;
     // The halt the call sees, and stores if it writes.
     let drain = matches!(op, Op::Drain).then_some(x);
@@ -501,7 +501,7 @@ async fn planted(
     key: &str,
 ) -> Result<(), String> {
     let limit = Limit::per_second(10).map_err(|e| e.to_string())?;
-    let p = limit.params();
+    let p = Params::of(&limit);
     let now = PLANTED_NOW;
     let steps = [
         (Op::Acquire, 1, 0),

@@ -103,7 +103,7 @@ impl Args {
     /// is exact; a larger one rounds to the nearest double, the one Lua's own parsing of the
     /// decimal number would give, and the script clamps it.
     pub(super) fn pack(&self, now: u64) -> [u8; PACKED_ARGS] {
-        let p = self.limit.params();
+        let p = Params::of(&self.limit);
         let values = [
             self.op as u64 as f64,
             now as f64,
@@ -151,7 +151,7 @@ pub(super) fn parse_reply(value: &Value, args: &Args, now: u64) -> Result<Reply,
         _ => return Err(bad()),
     };
     if bytes.len() == STATE_LEN || bytes.len() == HALTED_LEN {
-        let p = args.limit.params();
+        let p = Params::of(&args.limit);
         let state = decode(bytes).ok_or_else(bad)?;
         // What a plain admission can store: no debt, and the later of the stored time and now.
         // Checked, since the walk to the refill time assumes it.
@@ -192,7 +192,7 @@ pub(super) fn parse_reply(value: &Value, args: &Args, now: u64) -> Result<Reply,
             (None, to_whole(halt).ok_or_else(bad)?)
         }
         STATE_LEN | HALTED_LEN if !peek => match decode(rest) {
-            Some(state) if storable(&args.limit.params(), state) => (Some(state), 0),
+            Some(state) if storable(&Params::of(&args.limit), state) => (Some(state), 0),
             _ => return Err(bad()),
         },
         _ => return Err(bad()),
@@ -221,7 +221,7 @@ fn parse_denial(items: &[Value], args: &Args, now: u64) -> Option<Reply> {
     if !matches!(args.op, Op::Acquire) || args.max_wait != 0 {
         return None;
     }
-    let p = args.limit.params();
+    let p = Params::of(&args.limit);
     let state = decode(bytes).filter(|&s| storable(&p, s))?;
     // A denial never writes, so the outcome alone says whether the arithmetic agrees.
     let (outcome, _) = bucket::evaluate(&p, Some(state), now, args.x as f64, 0);
