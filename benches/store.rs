@@ -199,7 +199,7 @@ fn redis(c: &mut Criterion) {
             .expect("a connection to the bench's Redis")
     });
     let store = RedisStore::new(conn)
-        .with_prefix(&redis_server::unique_prefix())
+        .prefix(&redis_server::unique_prefix())
         .expect("a valid prefix");
     let keys = keys(MANY_KEYS);
 

@@ -91,7 +91,7 @@ async fn redis_app(url: &str, limit: Limit) -> Result<(Router, String), Box<dyn 
         .get_connection_manager()
         .await
         .map_err(|e| Startup(format!("cannot connect to Redis at {addr}: {e}")))?;
-    let store = burstgate::RedisStore::new(conn).with_prefix("burstgate-example")?;
+    let store = burstgate::RedisStore::new(conn).prefix("burstgate-example")?;
     let app = app(store, limit)?;
     Ok((app, format!("redis at {addr}, prefix burstgate-example")))
 }

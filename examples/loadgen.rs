@@ -760,9 +760,9 @@ async fn run(args: Args) -> Result<(), BoxError> {
         .get_multiplexed_async_connection_with_config(&config)
         .await?;
     let store = RedisStore::new(conn.clone())
-        .with_prefix(&args.prefix)?
-        .with_timeout(RESPONSE_TIMEOUT)
-        .with_deny_cache(args.deny_cache);
+        .prefix(&args.prefix)?
+        .timeout(RESPONSE_TIMEOUT)
+        .deny_cache(args.deny_cache);
     let work = Arc::new(Workload::new(args.keys, args.deny, args.flood)?);
 
     drain_deny_set(&store, &work, args.concurrency).await?;

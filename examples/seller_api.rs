@@ -86,7 +86,7 @@ async fn redis_run(url: &str, groups: Vec<Group>) -> Result<(), Box<dyn Error>> 
     // one half empty.
     let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
     let prefix = format!("seller-api-example-{}", started.as_millis());
-    let store = burstgate::RedisStore::new(conn).with_prefix(&prefix)?;
+    let store = burstgate::RedisStore::new(conn).prefix(&prefix)?;
     let label = format!("RedisStore over a ConnectionManager (prefix {prefix})");
     run(store, &label, groups).await
 }

@@ -121,7 +121,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let conn = redis::Client::open(redis_url)?
         .get_connection_manager()
         .await?;
-    let store = RedisStore::new(conn).with_prefix(&args.prefix)?;
+    let store = RedisStore::new(conn).prefix(&args.prefix)?;
     let limiter = RateLimitMiddleware::new(store)
         .routes(seller::routes("personal", std::slice::from_ref(&group))?)
         .account_header(AUTHORIZATION)

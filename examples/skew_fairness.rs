@@ -100,9 +100,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         } else {
             Arc::new(Skewed(offset))
         };
-        let store = RedisStore::new(conn)
-            .with_prefix(&prefix)?
-            .with_clock(clock);
+        let store = RedisStore::new(conn).prefix(&prefix)?.with_clock(clock);
         for _ in 0..16 {
             let (store, key, upstream, sent) = (
                 store.clone(),

@@ -1,5 +1,7 @@
-//! The rejection both front ends report.
+//! Every error the crate returns, in one place: a refused input (a key, a name, a limit), a
+//! store that could not decide, and the rejection both front ends report.
 
+use std::error::Error as StdError;
 use std::fmt;
 use std::time::Duration;
 
@@ -61,4 +63,256 @@ impl fmt::Display for RateLimited {
     }
 }
 
-impl std::error::Error for RateLimited {}
+impl StdError for RateLimited {}
+
+/// Why a bucket name, a key, a key prefix, a route or a key secret was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum InvalidKey {
+    /// A bucket name (of a [`BucketKey`](crate::BucketKey), a [`BucketName`](crate::BucketName),
+    /// a layer rule or a middleware route) broke the naming rule.
+    BucketName(InvalidName),
+    /// The key was empty.
+    EmptyKey,
+    /// A store's key prefix broke the naming rule.
+    Prefix(InvalidName),
+    /// A middleware route's path pattern did not start with `/`.
+    RoutePath,
+    /// A [`KeySecret`](crate::KeySecret) was shorter than 16 bytes.
+    ShortSecret,
+}
+
+impl fmt::Display for InvalidKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::BucketName(why) => write!(f, "invalid bucket name: {why}"),
+            Self::EmptyKey => f.write_str("a bucket key must not be empty"),
+            Self::Prefix(why) => write!(f, "invalid key prefix: {why}"),
+            Self::RoutePath => f.write_str("a route's path pattern must start with '/'"),
+            Self::ShortSecret => f.write_str("a key secret must be at least 16 bytes"),
+        }
+    }
+}
+
+impl StdError for InvalidKey {}
+
+/// What was wrong with a bucket name or a key prefix, which must each be 1 to 64 bytes of ASCII
+/// letters, digits, `_`, `.` and `-`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum InvalidName {
+    /// It was empty.
+    Empty,
+    /// It was longer than 64 bytes.
+    TooLong {
+        /// Its length, in bytes.
+        len: usize,
+    },
+    /// It held a byte other than an ASCII letter, a digit, `_`, `.` or `-`.
+    Character {
+        /// Where, in bytes from the start.
+        index: usize,
+        /// The byte.
+        byte: u8,
+    },
+}
+
+impl fmt::Display for InvalidName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Empty => f.write_str("it is empty (it must be 1 to 64 bytes)"),
+            Self::TooLong { len } => write!(f, "it is {len} bytes long (at most 64)"),
+            Self::Character { index, byte } if byte.is_ascii_graphic() || *byte == b' ' => write!(
+                f,
+                "byte {index} is '{}', not an ascii letter, digit, '_', '.' or '-'",
+                char::from(*byte)
+            ),
+            Self::Character { index, byte } => write!(
+                f,
+                "byte {index} is 0x{byte:02X}, not an ascii letter, digit, '_', '.' or '-'"
+            ),
+        }
+    }
+}
+
+/// Why a [`Limit`] was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum InvalidLimit {
+    /// `tokens` was zero: the bucket would never refill.
+    ZeroTokens,
+    /// `burst` was zero: the bucket could never hold a token.
+    ZeroBurst,
+    /// The interval was zero.
+    ZeroInterval,
+    /// The interval was not a whole number of milliseconds.
+    SubMillisecondInterval {
+        /// The interval given.
+        interval: Duration,
+    },
+    /// The interval, or the time to refill an empty bucket, was longer than about 139 years.
+    TooSlow,
+}
+
+impl fmt::Display for InvalidLimit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::ZeroTokens => f.write_str("a limit needs at least one token per interval"),
+            Self::ZeroBurst => f.write_str("a limit needs a burst of at least one token"),
+            Self::ZeroInterval => f.write_str("a limit needs an interval above zero"),
+            Self::SubMillisecondInterval { interval } => write!(
+                f,
+                "a limit's interval must be a whole number of milliseconds, got {interval:?}"
+            ),
+            Self::TooSlow => f.write_str(
+                "a limit's interval and refill time must each be at most 2^42 ms (about 139 years)",
+            ),
+        }
+    }
+}
+
+impl StdError for InvalidLimit {}
+
+/// Why a store could not decide.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// A cost of zero was asked for.
+    ZeroCost,
+    /// The cost is above the limit's burst, so it could never be served.
+    CostAboveBurst {
+        /// The cost asked for.
+        cost: u32,
+        /// The limit's burst.
+        burst: u32,
+    },
+    /// The store key holds a value that is not a bucket (Redis `WRONGTYPE`): someone else wrote
+    /// the key. The call was refused without changing it.
+    ///
+    /// The key is named by its bucket and fingerprint, never in clear (it may be an IP address
+    /// or an account). To find it, list the bucket's keys (`SCAN 0 MATCH <prefix>:*:<bucket>:*`)
+    /// and look for the one whose `TYPE` is not `string`, or compute it from a suspect key with
+    /// `RedisStore::redis_key`.
+    WrongType {
+        /// The bucket name, as the program chose it.
+        bucket: String,
+        /// The bucket key's [`fingerprint`](crate::BucketKey::fingerprint), not the key itself.
+        fingerprint: String,
+    },
+    /// The bucket's stored value is one no store could have written (not finite, a time out of
+    /// range, more debt than any reservation leaves): someone else wrote the key. The call was
+    /// refused without changing it; delete the key to start the bucket afresh.
+    CorruptBucket {
+        /// The bucket name, as the program chose it.
+        bucket: String,
+        /// The bucket key's [`fingerprint`](crate::BucketKey::fingerprint), not the key itself.
+        fingerprint: String,
+    },
+    /// A [`MemoryStore`](crate::MemoryStore) at its bound of buckets met a new key, and every
+    /// bucket it could have forgotten to make room was in debt (reservations wait on it). The
+    /// call changed nothing.
+    TooManyBuckets {
+        /// The store's bound.
+        max: usize,
+    },
+    /// The backend failed: connection lost or refused, or it answered something unexpected. The
+    /// backend's own error is the [`source`](StdError::source).
+    Backend(BackendError),
+    /// The backend did not answer within the store's timeout. The call may still have run: its
+    /// tokens count as spent.
+    Timeout {
+        /// The timeout that passed.
+        after: Duration,
+    },
+    /// The backend was not asked: its circuit breaker is open after repeated failures, or every
+    /// slot for calls in flight stayed taken for the whole timeout. Nothing was spent.
+    Unavailable {
+        /// About how long until the breaker lets a call try the backend again; when every slot
+        /// for calls in flight stayed taken, the store's timeout.
+        retry_in: Duration,
+    },
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::ZeroCost => f.write_str("a request must cost at least one token"),
+            Self::CostAboveBurst { cost, burst } => write!(
+                f,
+                "a cost of {cost} tokens can never be served by a burst of {burst}"
+            ),
+            Self::WrongType {
+                bucket,
+                fingerprint,
+            } => write!(
+                f,
+                "the store key of bucket {bucket:?}, key fingerprint {fingerprint}, holds a value that is not a bucket"
+            ),
+            Self::CorruptBucket {
+                bucket,
+                fingerprint,
+            } => write!(
+                f,
+                "the store key of bucket {bucket:?}, key fingerprint {fingerprint}, holds a value no store could have written"
+            ),
+            Self::TooManyBuckets { max } => write!(
+                f,
+                "the store holds its most buckets ({max}), all in debt, and cannot take a new key"
+            ),
+            Self::Backend(e) => fmt::Display::fmt(e, f),
+            Self::Timeout { after } => write!(f, "the store did not answer within {after:?}"),
+            Self::Unavailable { retry_in } => write!(
+                f,
+                "the store is unavailable after repeated failures (next try in {retry_in:?})"
+            ),
+        }
+    }
+}
+
+impl StdError for StoreError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        match self {
+            Self::Backend(e) => e.source(),
+            _ => None,
+        }
+    }
+}
+
+/// A failure of the store's backend. Opaque: its cause is the [`source`](StdError::source).
+pub struct BackendError {
+    context: &'static str,
+    source: Option<Box<dyn StdError + Send + Sync>>,
+}
+
+impl BackendError {
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn new(
+        context: &'static str,
+        source: Option<Box<dyn StdError + Send + Sync>>,
+    ) -> Self {
+        Self { context, source }
+    }
+}
+
+impl fmt::Debug for BackendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BackendError")
+            .field("context", &self.context)
+            .field("source", &self.source)
+            .finish()
+    }
+}
+
+impl fmt::Display for BackendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.context)
+    }
+}
+
+impl StdError for BackendError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn StdError + 'static))
+    }
+}

@@ -7,6 +7,8 @@ use std::sync::{Arc, OnceLock};
 use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 
+pub(crate) use crate::error::{InvalidKey, InvalidName};
+
 type HmacSha256 = Hmac<Sha256>;
 
 /// The shortest [`KeySecret`], in bytes: shorter secrets can be guessed.
@@ -17,6 +19,90 @@ const MAX_BUCKET_LEN: usize = 64;
 
 /// Escaped keys longer than this many bytes are stored as their hash instead.
 const MAX_ESCAPED_KEY_LEN: usize = 128;
+
+/// The name of a bucket, checked once: 1 to 64 bytes of ASCII letters, digits, `_`, `.` and
+/// `-`, written into store keys as it is.
+///
+/// The program chooses bucket names, so a name that breaks the rule is a bug, reported by
+/// [`InvalidKey::BucketName`] with what was wrong. A [`Rule`](crate::layer::Rule) or a
+/// [`Route`](crate::middleware::Route) checks its name when it is made, not on every request;
+/// hold a `BucketName` to do the same with keys of your own. Cheap to clone.
+///
+/// ```
+/// use burstgate::{BucketName, InvalidKey, InvalidName};
+///
+/// let orders = BucketName::new("orders")?;
+/// assert_eq!(orders.key("seller-42")?.as_str(), "orders:seller-42");
+///
+/// assert_eq!(
+///     BucketName::new("new orders"),
+///     Err(InvalidKey::BucketName(InvalidName::Character { index: 3, byte: b' ' }))
+/// );
+/// # Ok::<(), InvalidKey>(())
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct BucketName(Arc<str>);
+
+impl BucketName {
+    /// `name`, if it is 1 to 64 bytes of ASCII letters, digits, `_`, `.` and `-`.
+    pub fn new(name: &str) -> Result<Self, InvalidKey> {
+        check_name(name).map_err(InvalidKey::BucketName)?;
+        Ok(Self(Arc::from(name)))
+    }
+
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The bucket for the caller `key`, as [`BucketKey::new`] makes it, without checking the
+    /// name again.
+    pub fn key(&self, key: impl AsRef<[u8]>) -> Result<BucketKey, InvalidKey> {
+        BucketKey::build(self, key.as_ref(), Hashing::None)
+    }
+
+    /// The bucket for the caller `key`, stored as its plain SHA-256, as [`BucketKey::hashed`]
+    /// makes it.
+    pub fn hashed_key(&self, key: impl AsRef<[u8]>) -> Result<BucketKey, InvalidKey> {
+        BucketKey::build(self, key.as_ref(), Hashing::Plain)
+    }
+
+    /// The bucket for the caller `key`, stored as its HMAC-SHA256 under `secret`, as
+    /// [`BucketKey::keyed`] makes it.
+    pub fn keyed_key(
+        &self,
+        key: impl AsRef<[u8]>,
+        secret: &KeySecret,
+    ) -> Result<BucketKey, InvalidKey> {
+        BucketKey::build(self, key.as_ref(), Hashing::Keyed(secret))
+    }
+}
+
+impl std::str::FromStr for BucketName {
+    type Err = InvalidKey;
+
+    fn from_str(name: &str) -> Result<Self, InvalidKey> {
+        Self::new(name)
+    }
+}
+
+impl AsRef<str> for BucketName {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for BucketName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for BucketName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("BucketName").field(&&*self.0).finish()
+    }
+}
 
 /// Which bucket a request draws from: a bucket name (`"orders"`, `"per-ip"`) and the caller's key
 /// within it (an account, an IP address, an API key).
@@ -61,13 +147,14 @@ pub struct BucketKey {
 }
 
 impl BucketKey {
-    /// The bucket `bucket` for the caller `key`.
+    /// The bucket `bucket` for the caller `key`: shorthand for
+    /// [`BucketName::new`]`(bucket)?.`[`key`](BucketName::key)`(key)`.
     ///
     /// The bucket name must be 1 to 64 bytes of ASCII letters, digits, `_`, `.` and `-`: it is
     /// chosen by the program, so anything else is a bug worth hearing about. The key must not be
-    /// empty.
+    /// empty. Where one name serves many keys, check it once with [`BucketName`].
     pub fn new(bucket: &str, key: impl AsRef<[u8]>) -> Result<Self, InvalidKey> {
-        Self::build(bucket, key.as_ref(), Hashing::None)
+        Self::build(&BucketName::new(bucket)?, key.as_ref(), Hashing::None)
     }
 
     /// Like [`new`](Self::new), but the key is always stored as its plain SHA-256.
@@ -76,7 +163,7 @@ impl BucketKey {
     /// store can hash candidate keys and compare. Use [`keyed`](Self::keyed) for passwords,
     /// tokens and anything else an attacker would like to learn.
     pub fn hashed(bucket: &str, key: impl AsRef<[u8]>) -> Result<Self, InvalidKey> {
-        Self::build(bucket, key.as_ref(), Hashing::Plain)
+        Self::build(&BucketName::new(bucket)?, key.as_ref(), Hashing::Plain)
     }
 
     /// Like [`new`](Self::new), but the key is always stored as its HMAC-SHA256 under `secret`:
@@ -90,16 +177,18 @@ impl BucketKey {
         key: impl AsRef<[u8]>,
         secret: &KeySecret,
     ) -> Result<Self, InvalidKey> {
-        Self::build(bucket, key.as_ref(), Hashing::Keyed(secret))
+        Self::build(
+            &BucketName::new(bucket)?,
+            key.as_ref(),
+            Hashing::Keyed(secret),
+        )
     }
 
-    fn build(bucket: &str, key: &[u8], hashing: Hashing<'_>) -> Result<Self, InvalidKey> {
-        if !is_name(bucket) {
-            return Err(InvalidKey::BucketName);
-        }
+    fn build(bucket: &BucketName, key: &[u8], hashing: Hashing<'_>) -> Result<Self, InvalidKey> {
         if key.is_empty() {
             return Err(InvalidKey::EmptyKey);
         }
+        let bucket = bucket.as_str();
         let mut id = String::with_capacity(bucket.len() + 1 + key.len().min(MAX_ESCAPED_KEY_LEN));
         id.push_str(bucket);
         id.push(':');
@@ -237,11 +326,25 @@ impl fmt::Debug for KeySecret {
     }
 }
 
-/// Whether `s` may name a bucket or a key prefix: it is written into store keys as it is.
-pub(crate) fn is_name(s: &str) -> bool {
-    (1..=MAX_BUCKET_LEN).contains(&s.len())
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+/// Whether `s` may name a bucket or a key prefix: it is written into store keys as it is, so it
+/// must not hold the separators, hash tags or escapes of the key scheme.
+pub(crate) fn check_name(s: &str) -> Result<(), InvalidName> {
+    if s.is_empty() {
+        return Err(InvalidName::Empty);
+    }
+    if s.len() > MAX_BUCKET_LEN {
+        return Err(InvalidName::TooLong { len: s.len() });
+    }
+    match s
+        .bytes()
+        .position(|b| !(b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-')))
+    {
+        Some(index) => Err(InvalidName::Character {
+            index,
+            byte: s.as_bytes()[index],
+        }),
+        None => Ok(()),
+    }
 }
 
 fn plain(b: u8) -> bool {
@@ -260,42 +363,52 @@ impl fmt::Debug for BucketKey {
     }
 }
 
-/// Why a [`BucketKey`] was refused.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum InvalidKey {
-    /// The bucket name was empty, longer than 64 bytes, or had characters other than ASCII
-    /// letters, digits, `_`, `.` and `-`.
-    BucketName,
-    /// The key was empty.
-    EmptyKey,
-    /// A store's key prefix was empty, longer than 64 bytes, or had characters other than ASCII
-    /// letters, digits, `_`, `.` and `-`.
-    Prefix,
-    /// A [`KeySecret`] was shorter than 16 bytes.
-    ShortSecret,
-}
-
-impl fmt::Display for InvalidKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::BucketName => {
-                f.write_str("a bucket name must be 1 to 64 ascii letters, digits, '_', '.' or '-'")
-            }
-            Self::EmptyKey => f.write_str("a bucket key must not be empty"),
-            Self::Prefix => {
-                f.write_str("a key prefix must be 1 to 64 ascii letters, digits, '_', '.' or '-'")
-            }
-            Self::ShortSecret => f.write_str("a key secret must be at least 16 bytes"),
-        }
-    }
-}
-
-impl std::error::Error for InvalidKey {}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn name_errors_say_what_was_wrong() {
+        let said = |name: &str| BucketName::new(name).map(drop).map_err(|e| e.to_string());
+        assert_eq!(
+            said(""),
+            Err("invalid bucket name: it is empty (it must be 1 to 64 bytes)".into())
+        );
+        assert_eq!(
+            said(&"x".repeat(70)),
+            Err("invalid bucket name: it is 70 bytes long (at most 64)".into())
+        );
+        assert_eq!(
+            said("a b"),
+            Err(
+                "invalid bucket name: byte 1 is ' ', not an ascii letter, digit, '_', '.' or '-'"
+                    .into()
+            )
+        );
+        assert_eq!(
+            said("caf\u{e9}"),
+            Err(
+                "invalid bucket name: byte 3 is 0xC3, not an ascii letter, digit, '_', '.' or '-'"
+                    .into()
+            )
+        );
+        assert_eq!(said("a-b_c.9"), Ok(()));
+    }
+
+    #[test]
+    fn a_name_checked_once_makes_the_same_keys() {
+        let secret = KeySecret::new([9u8; 16]).expect("a valid secret");
+        let name = BucketName::new("orders").expect("a valid name");
+        assert_eq!(name.key("s:1"), BucketKey::new("orders", "s:1"));
+        assert_eq!(name.hashed_key("t"), BucketKey::hashed("orders", "t"));
+        assert_eq!(
+            name.keyed_key("t", &secret),
+            BucketKey::keyed("orders", "t", &secret)
+        );
+        assert_eq!(name.key(""), Err(InvalidKey::EmptyKey));
+        assert_eq!("orders".parse::<BucketName>(), Ok(name.clone()));
+        assert_eq!(format!("{name} {name:?}"), "orders BucketName(\"orders\")");
+    }
 
     #[test]
     fn separators_and_hash_tags_are_escaped() {
@@ -367,12 +480,18 @@ mod tests {
 
     #[test]
     fn bad_names_and_empty_keys_are_refused() {
-        assert_eq!(BucketKey::new("", "k"), Err(InvalidKey::BucketName));
-        assert_eq!(BucketKey::new("a:b", "k"), Err(InvalidKey::BucketName));
+        let name = |why| Err(InvalidKey::BucketName(why));
+        assert_eq!(BucketKey::new("", "k"), name(InvalidName::Empty));
+        let colon = InvalidName::Character {
+            index: 1,
+            byte: b':',
+        };
+        assert_eq!(BucketKey::new("a:b", "k"), name(colon));
         assert_eq!(
             BucketKey::new(&"n".repeat(65), "k"),
-            Err(InvalidKey::BucketName)
+            name(InvalidName::TooLong { len: 65 })
         );
+        assert_eq!(BucketKey::new(&"n".repeat(64), "k").map(drop), Ok(()));
         assert_eq!(BucketKey::new("orders", ""), Err(InvalidKey::EmptyKey));
         assert_eq!(BucketKey::hashed("orders", ""), Err(InvalidKey::EmptyKey));
         let secret = KeySecret::new([7u8; 16]).expect("a valid secret");

@@ -62,7 +62,7 @@
 //!
 //! A request may cost more than one token. A cost of zero, or above the burst, could never be
 //! served, so the store answers it at once with [`StoreError::ZeroCost`] or
-//! [`StoreError::CostAboveCapacity`] instead of a wait.
+//! [`StoreError::CostAboveBurst`] instead of a wait.
 //!
 //! # Stores
 //!
@@ -280,12 +280,12 @@ pub use clock::QuantaClock;
 #[cfg(feature = "redis")]
 pub use clock::ServerClock;
 pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
-pub use error::RateLimited;
-pub use key::{BucketKey, InvalidKey, KeySecret};
+pub use error::{BackendError, InvalidKey, InvalidLimit, InvalidName, RateLimited, StoreError};
+pub use key::{BucketKey, BucketName, KeySecret};
 #[cfg(feature = "tower")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 pub use layer::RateLimitLayer;
-pub use limit::{InvalidLimit, Limit};
+pub use limit::Limit;
 #[cfg(feature = "reqwest")]
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
 pub use middleware::RateLimitMiddleware;
@@ -294,13 +294,10 @@ pub use middleware::RateLimitMiddleware;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use redis;
-pub use store::{
-    BackendError, BoxFuture, BucketStore, Decision, DynBucketStore, MemoryStore, Quota,
-    Reservation, StoreError,
-};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use store::{Breaker, OutagePolicy, RedisStore};
+pub use store::{BucketState, BucketStore, Decision, DynBucketStore, MemoryStore, Reservation};
 
 // The README's examples need the `redis`, `tower` and `reqwest` features to compile.
 #[doc = include_str!("../README.md")]

@@ -3,6 +3,8 @@
 use std::fmt;
 use std::time::Duration;
 
+pub(crate) use crate::error::InvalidLimit;
+
 /// The longest interval, and the longest time to refill an empty bucket, a [`Limit`] accepts:
 /// 2^42 milliseconds, about 139 years. Longer ones could not be told apart from "never" and would
 /// push the arithmetic past what an `f64` holds exactly.
@@ -170,44 +172,6 @@ impl fmt::Display for Limit {
         )
     }
 }
-
-/// Why a [`Limit`] was refused.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum InvalidLimit {
-    /// `tokens` was zero: the bucket would never refill.
-    ZeroTokens,
-    /// `burst` was zero: the bucket could never hold a token.
-    ZeroBurst,
-    /// The interval was zero.
-    ZeroInterval,
-    /// The interval was not a whole number of milliseconds.
-    SubMillisecondInterval {
-        /// The interval given.
-        interval: Duration,
-    },
-    /// The interval, or the time to refill an empty bucket, was longer than about 139 years.
-    TooSlow,
-}
-
-impl fmt::Display for InvalidLimit {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::ZeroTokens => f.write_str("a limit needs at least one token per interval"),
-            Self::ZeroBurst => f.write_str("a limit needs a burst of at least one token"),
-            Self::ZeroInterval => f.write_str("a limit needs an interval above zero"),
-            Self::SubMillisecondInterval { interval } => write!(
-                f,
-                "a limit's interval must be a whole number of milliseconds, got {interval:?}"
-            ),
-            Self::TooSlow => f.write_str(
-                "a limit's interval and refill time must each be at most 2^42 ms (about 139 years)",
-            ),
-        }
-    }
-}
-
-impl std::error::Error for InvalidLimit {}
 
 #[cfg(test)]
 mod tests {

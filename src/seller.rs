@@ -72,7 +72,7 @@ use std::time::Duration;
 
 use http::Method;
 
-use crate::key::is_name;
+use crate::key::check_name;
 use crate::middleware::Route;
 use crate::{InvalidKey, InvalidLimit, Limit};
 
@@ -195,9 +195,7 @@ impl Group {
     /// the bucket name) for requests whose path matches `path` (starting with `/`), of any method
     /// and to any host, under `limit`.
     pub fn new(name: &str, path: &str, limit: Limit) -> Result<Self, InvalidKey> {
-        if !is_name(name) {
-            return Err(InvalidKey::BucketName);
-        }
+        check_name(name).map_err(InvalidKey::BucketName)?;
         Ok(Self {
             name: name.to_owned(),
             path: path.to_owned(),
@@ -291,9 +289,7 @@ impl Group {
     /// `-`), when the bucket name is longer than 64 bytes, or when the path does not start with
     /// `/`.
     pub fn route(&self, token_type: &str) -> Result<Route, InvalidKey> {
-        if !is_name(token_type) {
-            return Err(InvalidKey::BucketName);
-        }
+        check_name(token_type).map_err(InvalidKey::BucketName)?;
         let bucket = format!("{token_type}-{}", self.name);
         let mut route = Route::new(&bucket, self.limit, &self.path)?;
         if let Some(method) = &self.method {
@@ -392,7 +388,7 @@ mod tests {
 
     use super::*;
     use crate::middleware::{Account, RateLimitMiddleware};
-    use crate::{BucketKey, BucketStore, ManualClock, MemoryStore};
+    use crate::{BucketKey, BucketStore, InvalidName, ManualClock, MemoryStore};
 
     const MINUTE: Duration = Duration::from_secs(60);
 
@@ -569,18 +565,22 @@ mod tests {
     #[test]
     fn bad_names_token_types_and_paths_are_refused() {
         let l = limit(1, MINUTE, 1);
-        assert_eq!(Group::new("a b", "/x", l), Err(InvalidKey::BucketName));
-        assert_eq!(Group::new("", "/x", l), Err(InvalidKey::BucketName));
-        assert_eq!(routes("", &groups()).map(drop), Err(InvalidKey::BucketName));
-        assert_eq!(
-            routes("per:sonal", &groups()).map(drop),
-            Err(InvalidKey::BucketName)
-        );
+        let bad = |index, byte| {
+            Err(InvalidKey::BucketName(InvalidName::Character {
+                index,
+                byte,
+            }))
+        };
+        assert_eq!(Group::new("a b", "/x", l).map(drop), bad(1, b' '));
+        let empty = Err(InvalidKey::BucketName(InvalidName::Empty));
+        assert_eq!(Group::new("", "/x", l).map(drop), empty);
+        assert_eq!(routes("", &groups()).map(drop), empty);
+        assert_eq!(routes("per:sonal", &groups()).map(drop), bad(3, b':'));
         // Each half is a valid name, but together they pass 64 bytes.
         let long = Group::new(&"g".repeat(40), "/x", l).expect("a valid group");
         assert_eq!(
             long.route(&"t".repeat(40)).map(drop),
-            Err(InvalidKey::BucketName)
+            Err(InvalidKey::BucketName(InvalidName::TooLong { len: 81 }))
         );
         let no_slash = orders().with_path("api/v1/supplier/orders");
         assert!(routes("personal", &[no_slash]).is_err());

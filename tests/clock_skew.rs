@@ -40,9 +40,9 @@ async fn hosts(
 ) -> [RedisStore<MultiplexedConnection, ManualClock>; 2] {
     let open = |conn, clock: &ManualClock| {
         RedisStore::new(conn)
-            .with_prefix(prefix)
+            .prefix(prefix)
             .expect("a valid prefix")
-            .with_deny_cache(false)
+            .deny_cache(false)
             .with_clock(clock.clone())
     };
     [open(connection().await, a), open(connection().await, b)]

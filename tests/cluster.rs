@@ -42,7 +42,7 @@ async fn store(
     clock: ManualClock,
 ) -> RedisStore<ClusterConnection, ManualClock> {
     RedisStore::new(cluster.connection().await)
-        .with_prefix(&redis_server::unique_prefix())
+        .prefix(&redis_server::unique_prefix())
         .expect("a valid prefix")
         .with_clock(clock)
 }
@@ -192,8 +192,8 @@ async fn reshard_under_load(
     let store = Arc::new(configure(
         store(&cluster, clock.clone())
             .await
-            .with_deny_cache(false)
-            .with_timeout(Duration::from_secs(2)),
+            .deny_cache(false)
+            .timeout(Duration::from_secs(2)),
     ));
     let l = reshard_limit();
     let keys: Arc<Vec<BucketKey>> = Arc::new(
@@ -395,7 +395,7 @@ async fn reshard_under_load(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slot_moved_under_load_keeps_its_buckets_and_the_limit() {
     let run = reshard_under_load(|store| {
-        store.with_breaker(Breaker::new(
+        store.breaker(Breaker::new(
             std::num::NonZeroU32::new(u32::MAX).expect("non-zero"),
             Duration::from_millis(1),
         ))

@@ -126,7 +126,7 @@ mod cases {
         store.refund(&k, l, now).await.expect("refunds");
         store.refund(&k, l, now).await.expect("refunds");
         let q = store.peek(&k, l).await.expect("peeks");
-        assert_eq!((q.capacity(), q.remaining(), q.used()), (3, 3, 0));
+        assert_eq!((q.burst(), q.remaining(), q.used()), (3, 3, 0));
         assert_eq!(q.resets_in(), ZERO);
     }
 
@@ -274,7 +274,7 @@ mod cases {
         let k = key("peek", "a");
         for _ in 0..3 {
             let q = store.peek(&k, l).await.expect("peeks");
-            assert_eq!((q.capacity(), q.remaining(), q.used()), (4, 4, 0));
+            assert_eq!((q.burst(), q.remaining(), q.used()), (4, 4, 0));
             assert_eq!((q.resets_in(), q.next_token_in()), (ZERO, ZERO));
         }
         assert!(
@@ -302,13 +302,7 @@ mod cases {
         assert!(matches!(e, Err(StoreError::ZeroCost)), "{e:?}");
         let e = store.acquire(&k, l, 6, Duration::MAX).await;
         assert!(
-            matches!(
-                e,
-                Err(StoreError::CostAboveCapacity {
-                    cost: 6,
-                    capacity: 5
-                })
-            ),
+            matches!(e, Err(StoreError::CostAboveBurst { cost: 6, burst: 5 })),
             "{e:?}"
         );
         let e = store
@@ -428,7 +422,7 @@ async fn redis(
         .await
         .expect("a connection to the test Redis");
     burstgate::RedisStore::new(conn)
-        .with_prefix(&redis_server::unique_prefix())
+        .prefix(&redis_server::unique_prefix())
         .expect("a valid prefix")
         .with_clock(clock)
 }
@@ -441,7 +435,7 @@ async fn cluster(
 ) -> burstgate::RedisStore<redis::cluster_async::ClusterConnection, ManualClock> {
     let conn = redis_cluster::shared().connection().await;
     burstgate::RedisStore::new(conn)
-        .with_prefix(&redis_server::unique_prefix())
+        .prefix(&redis_server::unique_prefix())
         .expect("a valid prefix")
         .with_clock(clock)
 }

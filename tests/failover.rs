@@ -65,7 +65,7 @@ async fn behind_a_proxy() -> (
     let store = RedisStore::connect(&format!("redis://127.0.0.1:{port}/"))
         .await
         .expect("connects")
-        .with_prefix(&redis_server::unique_prefix())
+        .prefix(&redis_server::unique_prefix())
         .expect("a valid prefix");
     assert!(
         until_admitted(&store).await.is_some(),

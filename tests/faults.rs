@@ -190,7 +190,7 @@ async fn connect(
         let store = RedisStore::connect(url)
             .await
             .expect("connects")
-            .with_prefix(prefix)
+            .prefix(prefix)
             .expect("a valid prefix")
             .on_outage(policy);
         stores.push(store);
@@ -424,7 +424,7 @@ async fn stall(connect: bool) {
     let prefix = redis_server::unique_prefix();
     let store: Arc<dyn burstgate::DynBucketStore> = if connect {
         let store = RedisStore::connect(&url).await.expect("connects");
-        Arc::new(store.with_prefix(&prefix).expect("a valid prefix"))
+        Arc::new(store.prefix(&prefix).expect("a valid prefix"))
     } else {
         let conn = redis::Client::open(url.as_str())
             .expect("a valid Redis URL")
@@ -433,7 +433,7 @@ async fn stall(connect: bool) {
             .expect("a connection");
         Arc::new(
             RedisStore::new(conn)
-                .with_prefix(&prefix)
+                .prefix(&prefix)
                 .expect("a valid prefix"),
         )
     };

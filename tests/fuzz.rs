@@ -225,8 +225,8 @@ fn run(limit: Limit, ops: &[Op]) -> Result<(), TestCaseError> {
                 let ceiling = max_wait.min(Duration::from_millis(MAX_WAIT_MS));
                 match result {
                     Err(StoreError::ZeroCost) => prop_assert_eq!(cost, 0, "step {}", i),
-                    Err(StoreError::CostAboveCapacity { cost: c, capacity }) => {
-                        prop_assert!(c == cost && capacity == burst && cost > burst);
+                    Err(StoreError::CostAboveBurst { cost: c, burst: b }) => {
+                        prop_assert!(c == cost && b == burst && cost > burst);
                     }
                     Err(e) => prop_assert!(false, "step {}: unexpected error {:?}", i, e),
                     Ok(d) => {
@@ -256,7 +256,7 @@ fn run(limit: Limit, ops: &[Op]) -> Result<(), TestCaseError> {
                 let q = runtime
                     .block_on(store.peek(&key, limit))
                     .map_err(|e| TestCaseError::fail(format!("step {i}: peek failed: {e}")))?;
-                prop_assert_eq!(q.capacity(), burst);
+                prop_assert_eq!(q.burst(), burst);
                 prop_assert!(q.remaining() <= burst, "step {}: {:?}", i, q);
                 prop_assert_eq!(q.used(), burst - q.remaining());
                 if q.remaining() >= 1 {
@@ -276,7 +276,7 @@ fn run(limit: Limit, ops: &[Op]) -> Result<(), TestCaseError> {
                         refunded += u64::from(cost);
                     }
                     Err(StoreError::ZeroCost) => prop_assert_eq!(cost, 0),
-                    Err(StoreError::CostAboveCapacity { .. }) => prop_assert!(cost > burst),
+                    Err(StoreError::CostAboveBurst { .. }) => prop_assert!(cost > burst),
                     Err(e) => prop_assert!(false, "step {}: unexpected error {:?}", i, e),
                 }
             }

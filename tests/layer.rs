@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 
 use burstgate::layer::{KeyExtractor, RateLimitLayer, Rule};
 use burstgate::{
-    BucketKey, BucketStore, Decision, Limit, ManualClock, MemoryStore, Quota, StoreError,
+    BucketKey, BucketState, BucketStore, Decision, Limit, ManualClock, MemoryStore, StoreError,
     TokioClock,
 };
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
@@ -415,7 +415,7 @@ impl BucketStore for StuckOn {
         self.store.acquire(key, limit, cost, max_wait).await
     }
 
-    async fn peek(&self, key: &BucketKey, limit: Limit) -> Result<Quota, StoreError> {
+    async fn peek(&self, key: &BucketKey, limit: Limit) -> Result<BucketState, StoreError> {
         self.store.peek(key, limit).await
     }
 
@@ -489,7 +489,7 @@ impl BucketStore for SlowToAnswer {
         decision
     }
 
-    async fn peek(&self, key: &BucketKey, limit: Limit) -> Result<Quota, StoreError> {
+    async fn peek(&self, key: &BucketKey, limit: Limit) -> Result<BucketState, StoreError> {
         self.0.peek(key, limit).await
     }
 
@@ -811,7 +811,7 @@ use failing_connection::FailingConnection;
 #[tokio::test(start_paused = true)]
 async fn a_cost_of_zero_or_above_the_burst_answers_500() {
     let store = MemoryStore::with_clock(TokioClock::new());
-    let priced = per_key(orders()).with_cost(|parts| {
+    let priced = per_key(orders()).cost(|parts| {
         parts
             .headers
             .get("x-cost")

@@ -282,7 +282,7 @@ mod cases {
 
         let bucket = burstgate::BucketKey::new("per-ip", "127.0.0.1").expect("a valid key");
         let quota = store.peek(&bucket, three).await.expect("peeks");
-        assert_eq!((quota.capacity(), quota.remaining()), (3, 0));
+        assert_eq!((quota.burst(), quota.remaining()), (3, 0));
         drop((first, second));
         server.stop().await;
     }
@@ -306,9 +306,9 @@ async fn redis_store() -> burstgate::RedisStore<redis::aio::MultiplexedConnectio
         .await
         .expect("a connection to the test Redis");
     burstgate::RedisStore::new(conn)
-        .with_prefix(&redis_server::unique_prefix())
+        .prefix(&redis_server::unique_prefix())
         .expect("a valid prefix")
-        .with_timeout(Duration::from_secs(10))
+        .timeout(Duration::from_secs(10))
 }
 
 /// One module per case, with a test for each store: `<case>::memory` and `<case>::redis`.

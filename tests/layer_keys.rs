@@ -122,7 +122,7 @@ async fn another_slash64_has_its_own_bucket_and_slash128_keys_each_address() {
     // By /128, twenty addresses of one /64 have twenty buckets of five.
     let mut by_128 = RateLimitLayer::new(MemoryStore::with_clock(TokioClock::new()))
         .rule(per_ip(
-            KeyExtractor::peer_ip().with_ipv6_prefix(Ipv6Prefix::Slash128),
+            KeyExtractor::peer_ip().ipv6_prefix(Ipv6Prefix::Slash128),
         ))
         .layer(counting(&calls));
     let mut admitted = 0;
@@ -138,7 +138,7 @@ async fn another_slash64_has_its_own_bucket_and_slash128_keys_each_address() {
     // By /48, the two /64s above are one site.
     let mut by_48 = RateLimitLayer::new(MemoryStore::with_clock(TokioClock::new()))
         .rule(per_ip(
-            KeyExtractor::peer_ip().with_ipv6_prefix(Ipv6Prefix::Slash48),
+            KeyExtractor::peer_ip().ipv6_prefix(Ipv6Prefix::Slash48),
         ))
         .layer(counting(&calls));
     let mut admitted = 0;
@@ -347,7 +347,7 @@ const CLIENT: &str = "198.51.100.20";
 
 fn behind_proxies(header: ForwardedHeader) -> KeyExtractor {
     let proxies = TrustedProxies::new(["10.0.0.0/8", "fd00::/8"]).expect("valid networks");
-    KeyExtractor::client_ip(proxies.with_header(header))
+    KeyExtractor::client_ip(proxies.header(header))
 }
 
 /// A request from `peer` with `lines` of header `name`, each a separate field line.

@@ -11,7 +11,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use burstgate::middleware::{Account, RateLimitMiddleware, Route};
 use burstgate::{
-    BucketKey, BucketStore, Clock, Decision, Limit, MemoryStore, Quota, RateLimited, StoreError,
+    BucketKey, BucketState, BucketStore, Clock, Decision, Limit, MemoryStore, RateLimited,
+    StoreError,
 };
 use reqwest::StatusCode;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
@@ -80,8 +81,8 @@ async fn peek_until(
     store: &impl BucketStore,
     key: &BucketKey,
     limit: Limit,
-    done: impl Fn(&Quota) -> bool,
-) -> Quota {
+    done: impl Fn(&BucketState) -> bool,
+) -> BucketState {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let quota = store.peek(key, limit).await.expect("peeks");
@@ -322,7 +323,7 @@ impl<S: BucketStore + Clone> BucketStore for SlowReplies<S> {
         decision
     }
 
-    async fn peek(&self, key: &BucketKey, limit: Limit) -> Result<Quota, StoreError> {
+    async fn peek(&self, key: &BucketKey, limit: Limit) -> Result<BucketState, StoreError> {
         self.inner.peek(key, limit).await
     }
 
@@ -659,7 +660,7 @@ mod shared {
     /// A store on a connection of its own, as another process would have.
     async fn store(prefix: &str) -> RedisStore<MultiplexedConnection> {
         RedisStore::new(connection().await)
-            .with_prefix(prefix)
+            .prefix(prefix)
             .expect("a valid prefix")
     }
 
@@ -835,7 +836,7 @@ mod shared {
             RedisStore::connect(&redis_server::url())
                 .await
                 .expect("connects")
-                .with_prefix(&prefix)
+                .prefix(&prefix)
                 .expect("a valid prefix")
         };
         let (one, two) = (connect().await, connect().await);

@@ -160,7 +160,7 @@ fn key(name: &str) -> BucketKey {
 
 fn store(conn: Switch, clock: &ManualClock) -> RedisStore<Switch, ManualClock> {
     RedisStore::new(conn)
-        .with_prefix(&redis_server::unique_prefix())
+        .prefix(&redis_server::unique_prefix())
         .expect("a valid prefix")
         .with_clock(clock.clone())
 }
@@ -202,7 +202,7 @@ async fn fail_closed_errs_then_answers_at_once_while_the_circuit_is_open() {
 async fn the_circuit_probes_after_open_for_and_closes_when_redis_answers() {
     let clock = ManualClock::new(START);
     let conn = Switch::new().await;
-    let store = store(conn.clone(), &clock).with_breaker(Breaker::new(
+    let store = store(conn.clone(), &clock).breaker(Breaker::new(
         std::num::NonZeroU32::new(2).expect("non-zero"),
         Duration::from_secs(1),
     ));
@@ -249,7 +249,7 @@ async fn a_failed_probe_keeps_the_circuit_open_for_another_period() {
     let clock = ManualClock::new(START);
     let conn = Switch::detached();
     conn.set(REFUSING);
-    let store = store(conn.clone(), &clock).with_breaker(Breaker::new(
+    let store = store(conn.clone(), &clock).breaker(Breaker::new(
         std::num::NonZeroU32::new(1).expect("non-zero"),
         Duration::from_millis(100),
     ));
@@ -291,7 +291,7 @@ async fn fail_open_admits_acquires_and_still_reports_the_rest() {
     // Bad costs are mistakes, not outages.
     assert!(matches!(
         store.acquire(&k, l, 3, ZERO).await,
-        Err(StoreError::CostAboveCapacity { .. })
+        Err(StoreError::CostAboveBurst { .. })
     ));
 }
 
@@ -333,7 +333,7 @@ async fn local_fallback_gives_each_process_its_share_and_no_more() {
         .await
         .expect("local refund");
     let q = stores[0].peek(&k, l).await.expect("local peek");
-    assert_eq!((q.remaining(), q.capacity()), (1, 10));
+    assert_eq!((q.remaining(), q.burst()), (1, 10));
 }
 
 /// Admissions from `n` decisions through each store in turn.
@@ -372,7 +372,7 @@ async fn a_call_that_hangs_times_out_and_counts_as_a_failure() {
     let clock = ManualClock::new(START);
     let conn = Switch::detached();
     conn.set(HANGING);
-    let store = store(conn.clone(), &clock).with_timeout(Duration::from_millis(50));
+    let store = store(conn.clone(), &clock).timeout(Duration::from_millis(50));
     let k = key("hang");
     let started = tokio::time::Instant::now();
     for _ in 0..3 {
@@ -467,7 +467,7 @@ async fn the_deny_cache_answers_a_flood_locally_with_the_same_decisions() {
     let cached_conn = Switch::new().await;
     let plain_conn = Switch::new().await;
     let cached = store(cached_conn.clone(), &clock);
-    let plain = store(plain_conn.clone(), &clock).with_deny_cache(false);
+    let plain = store(plain_conn.clone(), &clock).deny_cache(false);
     for step in 0..3 {
         let (a, calls_a, waits_a) = flood(&cached, &cached_conn, &k, l, 500).await;
         let (b, calls_b, waits_b) = flood(&plain, &plain_conn, &k, l, 500).await;
@@ -521,7 +521,7 @@ async fn another_processs_refund_is_seen_no_later_than_the_cached_retry_after() 
     // Two stores on the same buckets: two processes.
     let open = |conn| {
         RedisStore::new(conn)
-            .with_prefix(&prefix)
+            .prefix(&prefix)
             .expect("a valid prefix")
             .with_clock(clock.clone())
     };
@@ -648,7 +648,7 @@ async fn every_change_of_the_circuit_is_a_tracing_event() {
     let _guard = tracing::dispatcher::set_default(&tracing::Dispatch::new(events.clone()));
     let clock = ManualClock::new(START);
     let conn = Switch::new().await;
-    let store = store(conn.clone(), &clock).with_breaker(Breaker::new(
+    let store = store(conn.clone(), &clock).breaker(Breaker::new(
         std::num::NonZeroU32::new(1).expect("non-zero"),
         Duration::from_secs(1),
     ));
@@ -718,7 +718,7 @@ async fn a_dropped_probe_wedges_the_circuit_forever() {
         let clock = ManualClock::new(START);
         let conn = Switch::new().await;
         let store = store(conn.clone(), &clock)
-            .with_timeout(Duration::from_millis(50))
+            .timeout(Duration::from_millis(50))
             .on_outage(policy);
         let l = Limit::per_minute(1).expect("a valid limit");
         open_and_cancel_a_probe(&store, &conn, l).await;
@@ -751,7 +751,7 @@ async fn a_dropped_probe_wedges_the_circuit_forever() {
 async fn a_wall_clock_step_back_keeps_the_circuit_open() {
     let clock = ManualClock::new(START);
     let conn = Switch::new().await;
-    let store = store(conn.clone(), &clock).with_timeout(Duration::from_millis(50));
+    let store = store(conn.clone(), &clock).timeout(Duration::from_millis(50));
     let l = limit(1, 5);
     let k = key("step");
     conn.set(HANGING);
@@ -774,8 +774,8 @@ async fn a_probe_that_never_answers_is_superseded_after_open_for() {
     let conn = Switch::new().await;
     // A timeout far longer than the breaker's period: the probe is stuck, not timed out.
     let store = store(conn.clone(), &clock)
-        .with_timeout(Duration::from_secs(60))
-        .with_breaker(Breaker::new(
+        .timeout(Duration::from_secs(60))
+        .breaker(Breaker::new(
             std::num::NonZeroU32::new(1).expect("non-zero"),
             Duration::from_millis(100),
         ));
@@ -824,7 +824,7 @@ async fn caches_shared_across_prefixes_deny_another_tenants_first_request() {
     for base in &bases {
         let tenant = || {
             base.clone()
-                .with_prefix(&redis_server::unique_prefix())
+                .prefix(&redis_server::unique_prefix())
                 .expect("a valid prefix")
         };
         let (a, b) = (tenant(), tenant());
@@ -899,7 +899,7 @@ async fn admin() -> MultiplexedConnection {
 async fn a_planted_value_hangs_redis_for_every_client() {
     let clock = ManualClock::new(START);
     let conn = Switch::new().await;
-    let store = store(conn.clone(), &clock).with_timeout(Duration::from_secs(5));
+    let store = store(conn.clone(), &clock).timeout(Duration::from_secs(5));
     let k = key("planted");
     let l = limit(10, 10);
     let mut admin = admin().await;
@@ -1030,7 +1030,7 @@ async fn the_local_policy_admits_twice_its_budget_under_a_flapping_redis() {
     let processes = NonZeroU32::new(1).expect("non-zero");
     let store = store(conn.clone(), &clock)
         .on_outage(OutagePolicy::Local { processes })
-        .with_deny_cache(false);
+        .deny_cache(false);
     let k = key("flapping");
     let l = limit(10, 10);
     let step = Duration::from_millis(10);

@@ -52,7 +52,7 @@ mod auth {
 
         let conn = connect(&url).await.expect("connects with the password");
         let store = RedisStore::new(conn.clone())
-            .with_prefix("auth")
+            .prefix("auth")
             .expect("a valid prefix")
             .with_clock(ManualClock::new(START));
         let key = BucketKey::new("orders", "seller-1").expect("a valid key");

@@ -33,7 +33,7 @@ async fn a_bucket_is_one_string_under_a_versioned_prefix_with_a_refill_ttl() {
     let prefix = redis_server::unique_prefix();
     let clock = ManualClock::new(START);
     let store = RedisStore::new(conn().await)
-        .with_prefix(&prefix)
+        .prefix(&prefix)
         .expect("a valid prefix")
         .with_clock(clock.clone());
     let key = BucketKey::new("orders", "seller:1").expect("a valid key");
@@ -109,7 +109,7 @@ async fn a_bucket_is_one_string_under_a_versioned_prefix_with_a_refill_ttl() {
 #[tokio::test]
 async fn the_script_is_loaded_again_after_script_flush() {
     let store = RedisStore::new(conn().await)
-        .with_prefix(&redis_server::unique_prefix())
+        .prefix(&redis_server::unique_prefix())
         .expect("a valid prefix");
     let key = BucketKey::new("flush", "a").expect("a valid key");
     assert!(
@@ -135,7 +135,7 @@ async fn the_script_is_loaded_again_after_script_flush() {
 #[tokio::test]
 async fn a_wrong_type_error_names_the_key_by_fingerprint_never_in_clear() {
     let store = RedisStore::new(conn().await)
-        .with_prefix(&redis_server::unique_prefix())
+        .prefix(&redis_server::unique_prefix())
         .expect("a valid prefix");
     let mut c = conn().await;
     // A hash (what format 1 stored), a list, and a string that is not a bucket.
@@ -213,7 +213,7 @@ async fn a_lost_connection_is_a_backend_error_with_its_cause() {
         .await
         .expect("ID");
     let store = RedisStore::new(store_conn)
-        .with_prefix(&redis_server::unique_prefix())
+        .prefix(&redis_server::unique_prefix())
         .expect("a valid prefix");
     let mut c = conn().await;
     let _: i64 = redis::cmd("CLIENT")
@@ -241,7 +241,7 @@ async fn a_connection_manager_reconnects_by_itself() {
         .await
         .expect("a connection manager");
     let store = RedisStore::new(manager.clone())
-        .with_prefix(&redis_server::unique_prefix())
+        .prefix(&redis_server::unique_prefix())
         .expect("a valid prefix");
     let key = BucketKey::new("managed", "a").expect("a valid key");
     assert!(
@@ -292,7 +292,7 @@ fn debug_output_shows_no_connection() {
     let shown = format!(
         "{:?}",
         RedisStore::new(NoConnection)
-            .with_prefix("app")
+            .prefix("app")
             .expect("a valid prefix")
     );
     assert!(
@@ -303,9 +303,16 @@ fn debug_output_shows_no_connection() {
 
 #[test]
 fn bad_prefixes_are_refused() {
-    for bad in ["", "a:b", "a{b}", &"p".repeat(65)] {
-        let e = RedisStore::new(NoConnection).with_prefix(bad).map(drop);
-        assert_eq!(e, Err(burstgate::InvalidKey::Prefix), "{bad:?}");
+    use burstgate::{InvalidKey, InvalidName};
+    let at = |index, byte| InvalidName::Character { index, byte };
+    for (bad, why) in [
+        ("", InvalidName::Empty),
+        ("a:b", at(1, b':')),
+        ("a{b}", at(1, b'{')),
+        (&"p".repeat(65), InvalidName::TooLong { len: 65 }),
+    ] {
+        let e = RedisStore::new(NoConnection).prefix(bad).map(drop);
+        assert_eq!(e, Err(InvalidKey::Prefix(why)), "{bad:?}");
     }
 }
 

@@ -148,7 +148,7 @@ mod middleware {
             .await
             .expect("a connection to the test Redis");
         let store = burstgate::RedisStore::new(conn.clone())
-            .with_prefix(&prefix)
+            .prefix(&prefix)
             .expect("a valid prefix");
         let server = server().await;
         let route = Route::new("login", per_minute(), "/login").expect("a valid route");

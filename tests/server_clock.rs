@@ -89,7 +89,7 @@ async fn stores_on_skewed_hosts_share_one_timeline_through_a_server_clock() {
                 .await
                 .expect("measures");
             RedisStore::new(conn)
-                .with_prefix(&prefix)
+                .prefix(&prefix)
                 .expect("a valid prefix")
                 .with_clock(clock)
         }

@@ -12,7 +12,7 @@ use http::request::Parts;
 /// An IPv6 client holds at least a `/64` (a home router, a cloud instance), often a `/56` or a
 /// `/48`, and may pick a new address in it for every request, so keying on the whole address
 /// would give it millions of buckets. The default is [`Slash64`](Self::Slash64); set another
-/// with [`KeyExtractor::with_ipv6_prefix`](super::KeyExtractor::with_ipv6_prefix). IPv4
+/// with [`KeyExtractor::ipv6_prefix`](super::KeyExtractor::ipv6_prefix). IPv4
 /// addresses are always keyed whole.
 ///
 /// ```

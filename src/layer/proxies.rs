@@ -80,7 +80,7 @@ static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 /// let direct: IpAddr = "198.51.100.20".parse()?;
 /// assert_eq!(proxies.client(direct, &headers), direct);
 ///
-/// let proxies = proxies.with_header(ForwardedHeader::Forwarded);
+/// let proxies = proxies.header(ForwardedHeader::Forwarded);
 /// let mut headers = HeaderMap::new();
 /// headers.insert("forwarded", r#"for="[2001:db8:cafe::17]:4711";proto=https"#.parse()?);
 /// assert_eq!(proxies.client(lb, &headers), "2001:db8:cafe::17".parse::<IpAddr>()?);
@@ -137,7 +137,7 @@ impl TrustedProxies {
 
     /// Reads `header` instead of `X-Forwarded-For`.
     #[must_use]
-    pub fn with_header(self, header: ForwardedHeader) -> Self {
+    pub fn header(self, header: ForwardedHeader) -> Self {
         Self { header, ..self }
     }
 

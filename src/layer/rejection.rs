@@ -100,7 +100,7 @@ pub(crate) fn missing_body(status: StatusCode) -> &'static str {
 /// else a 503 (with `Retry-After` while the store's circuit breaker is open).
 pub(crate) fn store_failure<B: From<String>>(bucket: &str, e: &StoreError) -> Response<B> {
     match e {
-        StoreError::ZeroCost | StoreError::CostAboveCapacity { .. } => {
+        StoreError::ZeroCost | StoreError::CostAboveBurst { .. } => {
             tracing::error!(bucket, error = %e, "rate limit rule misconfigured");
             failure(
                 StatusCode::INTERNAL_SERVER_ERROR,

@@ -10,8 +10,7 @@ use http::{HeaderName, HeaderValue, StatusCode};
 use super::headers;
 use super::ip::{IpText, Ipv6Prefix, peer_ip};
 use super::proxies::TrustedProxies;
-use crate::key::is_name;
-use crate::{BucketKey, InvalidKey, KeySecret, Limit};
+use crate::{BucketKey, BucketName, InvalidKey, InvalidName, KeySecret, Limit};
 
 /// One limit of a [`RateLimitLayer`](super::RateLimitLayer): a bucket name, the [`Limit`], a
 /// [`KeyExtractor`] that says whose bucket a request draws from, and the request's cost.
@@ -30,12 +29,12 @@ use crate::{BucketKey, InvalidKey, KeySecret, Limit};
 ///     KeyExtractor::header(http::HeaderName::from_static("x-api-key")),
 /// )?;
 /// // Exports cost five tokens, everything else one.
-/// let per_key = per_key.with_cost(|req| if req.uri.path().starts_with("/export") { 5 } else { 1 });
+/// let per_key = per_key.cost(|req| if req.uri.path().starts_with("/export") { 5 } else { 1 });
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone)]
 pub struct Rule {
-    pub(crate) bucket: Arc<str>,
+    pub(crate) bucket: BucketName,
     pub(crate) limit: Limit,
     pub(crate) key: KeyExtractor,
     cost: Option<CostFn>,
@@ -91,15 +90,15 @@ type CostFn = Arc<dyn Fn(&Parts) -> u32 + Send + Sync>;
 impl Rule {
     /// A rule named `bucket` (1 to 64 ASCII letters, digits, `_`, `.` or `-`; it names the
     /// bucket in the store and the policy in the `RateLimit` headers). Each request costs one
-    /// token unless [`with_cost`](Self::with_cost) says otherwise.
+    /// token unless [`with_cost`](Self::cost) says otherwise.
     pub fn new(bucket: &str, limit: Limit, key: KeyExtractor) -> Result<Self, InvalidKey> {
-        if !is_name(bucket) {
-            return Err(InvalidKey::BucketName);
-        }
-        // A valid name is plain ASCII, so its item is always a valid header value.
-        let policy = headers::policy_item(bucket, limit).ok_or(InvalidKey::BucketName)?;
+        let bucket = BucketName::new(bucket)?;
+        // A checked name is printable ASCII, so its item is always a valid header value; the
+        // error is the one a name the header could not carry would deserve.
+        let policy = headers::policy_item(bucket.as_str(), limit)
+            .ok_or(InvalidKey::BucketName(InvalidName::Empty))?;
         Ok(Self {
-            bucket: Arc::from(bucket),
+            bucket,
             limit,
             key,
             cost: None,
@@ -127,7 +126,7 @@ impl Rule {
     /// Prices each request: `cost` sees the request's head and returns the tokens it takes. A
     /// cost of zero or above the limit's burst is a misconfiguration, answered with 500.
     #[must_use]
-    pub fn with_cost(self, cost: impl Fn(&Parts) -> u32 + Send + Sync + 'static) -> Self {
+    pub fn cost(self, cost: impl Fn(&Parts) -> u32 + Send + Sync + 'static) -> Self {
         Self {
             cost: Some(Arc::new(cost)),
             ..self
@@ -136,7 +135,7 @@ impl Rule {
 
     /// The bucket name.
     pub fn bucket(&self) -> &str {
-        &self.bucket
+        self.bucket.as_str()
     }
 
     /// The limit.
@@ -233,7 +232,7 @@ impl KeyExtractor {
     /// The key is the IPv4 address (`192.0.2.7`), or the IPv6 network the address is in, written
     /// as the network and its length: all of `2001:db8:1:2::/64` shares one bucket by default,
     /// since an IPv6 client can use any address of its `/64`. Choose another grouping with
-    /// [`with_ipv6_prefix`](Self::with_ipv6_prefix). An IPv4-mapped IPv6 address
+    /// [`with_ipv6_prefix`](Self::ipv6_prefix). An IPv4-mapped IPv6 address
     /// (`::ffff:192.0.2.7`, as a dual-stack socket reports an IPv4 peer) is keyed as the IPv4
     /// address. A store key percent-escapes the colons: in Redis the bucket of that network is
     /// `<prefix>:v3:<bucket>:2001%3Adb8%3A1%3A2%3A%3A/64`.
@@ -269,7 +268,7 @@ impl KeyExtractor {
     /// assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
     ///
     /// // One bucket per /56 instead.
-    /// let per_site = KeyExtractor::peer_ip().with_ipv6_prefix(Ipv6Prefix::Slash56);
+    /// let per_site = KeyExtractor::peer_ip().ipv6_prefix(Ipv6Prefix::Slash56);
     /// assert_eq!(format!("{per_site:?}"), "KeyExtractor::PeerIp(/56)");
     /// # Ok(())
     /// # }
@@ -285,7 +284,7 @@ impl KeyExtractor {
     /// untrusted address in the header they write (see [`TrustedProxies`] for the walk and what
     /// an unreadable entry does). A client cannot choose its bucket by sending the header
     /// itself. The key is formed and grouped as `peer_ip`'s (IPv6 by its `/64`, see
-    /// [`with_ipv6_prefix`](Self::with_ipv6_prefix)); a request without a peer address is a
+    /// [`with_ipv6_prefix`](Self::ipv6_prefix)); a request without a peer address is a
     /// missing key, refused with `500` under [`MissingKey::Reject`].
     ///
     /// ```
@@ -366,7 +365,7 @@ impl KeyExtractor {
     /// Groups IPv6 clients by `prefix` instead of the default `/64` (see [`Ipv6Prefix`]). Only
     /// the address extractors have addresses to group; the others are returned as they are.
     #[must_use]
-    pub fn with_ipv6_prefix(self, prefix: Ipv6Prefix) -> Self {
+    pub fn ipv6_prefix(self, prefix: Ipv6Prefix) -> Self {
         let kind = match self.kind {
             Kind::PeerIp(_) => Kind::PeerIp(prefix),
             Kind::ClientIp(proxies, _) => Kind::ClientIp(proxies, prefix),
@@ -410,26 +409,26 @@ impl KeyExtractor {
         }
     }
 
-    fn extract(&self, bucket: &str, parts: &Parts) -> Option<BucketKey> {
+    fn extract(&self, bucket: &BucketName, parts: &Parts) -> Option<BucketKey> {
         match &self.kind {
             Kind::PeerIp(prefix) => {
                 let text = IpText::key(peer_ip(parts)?, *prefix);
-                BucketKey::new(bucket, text.as_bytes()).ok()
+                bucket.key(text.as_bytes()).ok()
             }
             Kind::ClientIp(proxies, prefix) => {
                 let client = proxies.client(peer_ip(parts)?, &parts.headers);
                 let text = IpText::key(client, *prefix);
-                BucketKey::new(bucket, text.as_bytes()).ok()
+                bucket.key(text.as_bytes()).ok()
             }
             Kind::Header(name, secret) => {
                 let value = parts.headers.get(name)?;
                 match secret {
-                    Some(secret) => BucketKey::keyed(bucket, value.as_bytes(), secret).ok(),
-                    None => BucketKey::hashed(bucket, value.as_bytes()).ok(),
+                    Some(secret) => bucket.keyed_key(value.as_bytes(), secret).ok(),
+                    None => bucket.hashed_key(value.as_bytes()).ok(),
                 }
             }
-            Kind::Global => BucketKey::new(bucket, "global").ok(),
-            Kind::Custom(f) => BucketKey::new(bucket, f(parts)?).ok(),
+            Kind::Global => bucket.key("global").ok(),
+            Kind::Custom(f) => bucket.key(f(parts)?).ok(),
         }
     }
 }
@@ -527,7 +526,7 @@ mod tests {
             KeyExtractor::from_fn(|p| Some(p.uri.path().to_owned())),
         )
         .expect("a valid rule")
-        .with_cost(|_| 3);
+        .cost(|_| 3);
         let (key, cost) = custom
             .plan(&parts(http::Request::new(())))
             .applied()
@@ -565,7 +564,10 @@ mod tests {
         let limit = Limit::per_second(1).expect("a valid limit");
         assert_eq!(
             Rule::new("no spaces", limit, KeyExtractor::global()).map(drop),
-            Err(InvalidKey::BucketName)
+            Err(InvalidKey::BucketName(InvalidName::Character {
+                index: 2,
+                byte: b' '
+            }))
         );
     }
 }

@@ -6,12 +6,12 @@ use std::sync::Arc;
 
 use http::{Extensions, HeaderMap, HeaderName};
 
-use crate::{BucketKey, KeySecret};
+use crate::{BucketKey, BucketName, KeySecret};
 
 /// The key a request draws from in `bucket`: its [`Account`] extension, else the value of the
 /// `account_header`, hashed; with neither (or with an empty one), the shared key `-`.
 pub(super) fn request_key(
-    bucket: &str,
+    bucket: &BucketName,
     extensions: &Extensions,
     headers: &HeaderMap,
     account_header: Option<&HeaderName>,
@@ -27,7 +27,7 @@ pub(super) fn request_key(
                 .and_then(|v| secret_key(bucket, v.as_bytes(), key_secret))
         });
     // The bucket name was checked when the route was made, and "-" is a valid key.
-    key.or_else(|| BucketKey::new(bucket, "-").ok())
+    key.or_else(|| bucket.key("-").ok())
         .unwrap_or_else(|| unreachable!("a checked bucket name with key \"-\" is valid"))
 }
 
@@ -59,20 +59,24 @@ impl Account {
         }
     }
 
-    pub(super) fn key(&self, bucket: &str, key_secret: Option<&KeySecret>) -> Option<BucketKey> {
+    pub(super) fn key(
+        &self,
+        bucket: &BucketName,
+        key_secret: Option<&KeySecret>,
+    ) -> Option<BucketKey> {
         if self.secret {
             secret_key(bucket, self.id.as_bytes(), key_secret)
         } else {
-            BucketKey::new(bucket, self.id.as_bytes()).ok()
+            bucket.key(self.id.as_bytes()).ok()
         }
     }
 }
 
 /// The key of a secret account: keyed when the application gave a secret.
-fn secret_key(bucket: &str, value: &[u8], secret: Option<&KeySecret>) -> Option<BucketKey> {
+fn secret_key(bucket: &BucketName, value: &[u8], secret: Option<&KeySecret>) -> Option<BucketKey> {
     match secret {
-        Some(secret) => BucketKey::keyed(bucket, value, secret).ok(),
-        None => BucketKey::hashed(bucket, value).ok(),
+        Some(secret) => bucket.keyed_key(value, secret).ok(),
+        None => bucket.hashed_key(value).ok(),
     }
 }
 

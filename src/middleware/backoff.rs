@@ -14,7 +14,7 @@ use crate::{BucketKey, BucketStore, Limit, Reservation};
 
 impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
     /// Whether a drain made while `reservation` waited ends past its slot (see
-    /// [`Quota::halts`](crate::Quota::halts)): one more store call, made only by requests that
+    /// [`BucketState::halts`](crate::BucketState::halts)): one more store call, made only by requests that
     /// waited. A store that cannot answer lets the request go, as it would have before the
     /// check: the reservation was granted.
     pub(super) async fn halted(

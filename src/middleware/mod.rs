@@ -66,7 +66,7 @@ const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(600);
 ///    `docs/DESIGN.md#cancellation`).
 ///
 ///    A request that waited asks the store once more, at its turn, whether an upstream 429
-///    drained the bucket past its slot meanwhile ([`Quota::halts`](crate::Quota::halts), from
+///    drained the bucket past its slot meanwhile ([`BucketState::halts`](crate::BucketState::halts), from
 ///    [`BucketStore::peek`]), in this process or any other. If so it does not send: it
 ///    reserves again, behind the back-off, with what is left of its ceiling, or fails with the
 ///    local 429 past it. That costs one more store call per request that waited, and none for
@@ -265,7 +265,7 @@ where
         let Some(route) = self.route_for(&req) else {
             return next.run(req, extensions).await;
         };
-        let (limit, bucket) = (route.limit, Arc::clone(&route.bucket));
+        let (limit, bucket) = (route.limit, route.bucket.clone());
         let key = self.key(route, &req, extensions);
         let max_wait = self
             .config
@@ -281,12 +281,12 @@ where
             if !decision.is_admitted() {
                 let retry = decision.retry_after().unwrap_or(Duration::ZERO);
                 tracing::debug!(
-                    bucket = &*bucket,
+                    bucket = bucket.as_str(),
                     key = %key.fingerprint(),
                     retry_ms = retry.as_millis() as u64,
                     "local 429: the wait would pass the ceiling"
                 );
-                let limited = RateLimited::new(retry, limit, &bucket, decision.remaining());
+                let limited = RateLimited::new(retry, limit, bucket.as_str(), decision.remaining());
                 return Err(reqwest_middleware::Error::middleware(limited));
             }
             // Admitted now: any drain is already in the bucket it was admitted from.
@@ -299,7 +299,7 @@ where
             let mut guard = RefundGuard::new(self.store.clone());
             guard.push(key.clone(), limit, reservation);
             tracing::debug!(
-                bucket = &*bucket,
+                bucket = bucket.as_str(),
                 key = %key.fingerprint(),
                 wait_ms = decision.wait().as_millis() as u64,
                 "waiting for a reserved token"
@@ -313,7 +313,7 @@ where
             // reservation's tokens stay spent.
             ceiling = max_wait.saturating_sub(started.elapsed());
             tracing::debug!(
-                bucket = &*bucket,
+                bucket = bucket.as_str(),
                 key = %key.fingerprint(),
                 ceiling_ms = ceiling.as_millis() as u64,
                 "an upstream back-off passed the reserved slot: queuing again"

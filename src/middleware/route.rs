@@ -1,13 +1,10 @@
 //! [`Route`]: which requests draw from which bucket, and how a request's method, host and path
 //! are matched against it.
 
-use std::sync::Arc;
-
 use http::Method;
 
 use super::path;
-use crate::key::is_name;
-use crate::{InvalidKey, Limit};
+use crate::{BucketName, InvalidKey, Limit};
 
 /// Which requests draw from which bucket: a bucket name, a [`Limit`], and a pattern of method,
 /// host and path.
@@ -56,7 +53,7 @@ use crate::{InvalidKey, Limit};
 /// ```
 #[derive(Debug, Clone)]
 pub struct Route {
-    pub(super) bucket: Arc<str>,
+    pub(super) bucket: BucketName,
     pub(super) limit: Limit,
     method: Option<Method>,
     host: Option<String>,
@@ -74,11 +71,9 @@ impl Route {
     /// Requests whose path matches `path` draw from bucket `bucket` (1 to 64 ASCII letters,
     /// digits, `_`, `.` or `-`), under `limit`. The path must start with `/`.
     pub fn new(bucket: &str, limit: Limit, path: &str) -> Result<Self, InvalidKey> {
-        if !is_name(bucket) {
-            return Err(InvalidKey::BucketName);
-        }
+        let bucket = BucketName::new(bucket)?;
         if !path.starts_with('/') {
-            return Err(InvalidKey::EmptyKey);
+            return Err(InvalidKey::RoutePath);
         }
         let normalized = path::normalize(path);
         let segments: Vec<&str> = normalized.split('/').filter(|s| !s.is_empty()).collect();
@@ -93,7 +88,7 @@ impl Route {
             })
             .collect();
         Ok(Self {
-            bucket: Arc::from(bucket),
+            bucket,
             limit,
             method: None,
             host: None,
@@ -124,7 +119,7 @@ impl Route {
 
     /// The bucket name.
     pub fn bucket(&self) -> &str {
-        &self.bucket
+        self.bucket.as_str()
     }
 
     /// The limit.

@@ -10,7 +10,11 @@ use http::{HeaderMap, Method, StatusCode};
 use proptest::prelude::*;
 
 use super::backoff::{RetryValue, parse_retry, upstream_retry};
-use crate::{InvalidKey, ManualClock, MemoryStore};
+use crate::{BucketName, InvalidKey, ManualClock, MemoryStore};
+
+fn name(name: &str) -> BucketName {
+    BucketName::new(name).expect("a valid bucket name")
+}
 
 fn at(secs: u64) -> SystemTime {
     SystemTime::UNIX_EPOCH + Duration::from_secs(secs)
@@ -72,9 +76,15 @@ fn routes_match_method_host_and_path_patterns() {
     assert!(!rest.matches_url(&Method::POST, &url("https://other.example/api/a")));
     assert_eq!(
         Route::new("bad name", limit, "/").map(drop),
-        Err(InvalidKey::BucketName)
+        Err(InvalidKey::BucketName(crate::InvalidName::Character {
+            index: 3,
+            byte: b' '
+        }))
     );
-    assert!(Route::new("x", limit, "no-slash").is_err());
+    assert_eq!(
+        Route::new("x", limit, "no-slash").map(drop),
+        Err(InvalidKey::RoutePath)
+    );
 }
 
 fn orders_route() -> Route {
@@ -219,13 +229,13 @@ fn secret_accounts_are_hashed_and_not_printed() {
     let a = Account::secret("tok-123");
     assert_eq!(format!("{a:?}"), "Account(<secret>)");
     let key = a
-        .key("orders", None)
+        .key(&name("orders"), None)
         .map(|k| k.to_string())
         .unwrap_or_default();
     assert!(key.starts_with("orders:#") && !key.contains("tok"), "{key}");
     assert_eq!(
         Account::new("seller:42")
-            .key("orders", None)
+            .key(&name("orders"), None)
             .map(|k| k.to_string())
             .as_deref(),
         Some("orders:seller%3A42")

@@ -25,14 +25,13 @@
 //! takes_any(store);
 //! ```
 
-use std::error::Error as StdError;
-use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use crate::bucket::Outcome;
+pub(crate) use crate::error::{BackendError, StoreError};
 use crate::{BucketKey, Limit};
 
 mod memory;
@@ -73,16 +72,16 @@ pub trait BucketStore: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send;
 
     /// What the bucket holds now, and the halt of its latest drain
-    /// ([`Quota::halted_until`]), without taking or writing anything.
+    /// ([`BucketState::halted_until`]), without taking or writing anything.
     fn peek(
         &self,
         key: &BucketKey,
         limit: Limit,
-    ) -> impl Future<Output = Result<Quota, StoreError>> + Send;
+    ) -> impl Future<Output = Result<BucketState, StoreError>> + Send;
 
     /// Gives back the tokens of an admission whose request never went out, named by its
     /// [`Reservation`] (from [`Decision::reservation`]). The bucket never goes above its
-    /// capacity, and a refund does not give away a slot another reservation holds:
+    /// the burst, and a refund does not give away a slot another reservation holds:
     ///
     /// - A reservation still waiting for its slot gives its tokens back only while it is the
     ///   last one queued. Refunding one from the middle of the queue would free the slot at the
@@ -93,7 +92,7 @@ pub trait BucketStore: Send + Sync + 'static {
     ///
     /// Otherwise the tokens stay spent: budget lost, the safe direction. A refund made twice
     /// in a row (a retry) gives a reservation's tokens back once; for an admission with no wait,
-    /// a second refund can give them back again, never above capacity.
+    /// a second refund can give them back again, never above the burst.
     ///
     /// A reservation is named by its cost and slot, nothing more. A refund repeated after the
     /// slot it freed was booked again, by a reservation of the same cost, frees that booking;
@@ -120,7 +119,7 @@ pub trait BucketStore: Send + Sync + 'static {
     ///   years) ahead is taken as that.
     /// - The drain records a halt, the time of its first token (kept if a later one is recorded
     ///   already), which [`peek`](Self::peek) reports: a reservation granted before the drain
-    ///   whose slot is earlier must not go at its slot ([`Quota::halts`]). Reservations keep
+    ///   whose slot is earlier must not go at its slot ([`BucketState::halts`]). Reservations keep
     ///   their places in the queue all the same; the halt only tells their holders.
     fn drain_until(
         &self,
@@ -274,8 +273,8 @@ impl Reservation {
 
 /// The state of a bucket as [`BucketStore::peek`] sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Quota {
-    capacity: u32,
+pub struct BucketState {
+    burst: u32,
     remaining: u32,
     next_token_in: Duration,
     resets_in: Duration,
@@ -283,12 +282,12 @@ pub struct Quota {
     halted_until_ms: u64,
 }
 
-impl Quota {
+impl BucketState {
     pub(crate) fn new(outcome: Outcome, limit: Limit) -> Self {
-        let capacity = limit.burst();
+        let burst = limit.burst();
         Self {
-            capacity,
-            remaining: u32::try_from(outcome.remaining).unwrap_or(capacity),
+            burst,
+            remaining: u32::try_from(outcome.remaining).unwrap_or(burst),
             next_token_in: Duration::from_millis(outcome.wait),
             resets_in: Duration::from_millis(outcome.reset),
             halted_until_ms: 0,
@@ -350,9 +349,9 @@ impl Quota {
         crate::bucket::halts(self.halted_until_ms, reservation.ready_at_ms())
     }
 
-    /// The bucket's capacity (the limit's burst).
-    pub fn capacity(&self) -> u32 {
-        self.capacity
+    /// The limit's burst: the most tokens the bucket holds.
+    pub fn burst(&self) -> u32 {
+        self.burst
     }
 
     /// Whole tokens available now.
@@ -360,9 +359,9 @@ impl Quota {
         self.remaining
     }
 
-    /// `capacity - remaining`.
+    /// `burst - remaining`.
     pub fn used(&self) -> u32 {
-        self.capacity.saturating_sub(self.remaining)
+        self.burst.saturating_sub(self.remaining)
     }
 
     /// How long until at least one whole token is available (zero when one is).
@@ -376,166 +375,22 @@ impl Quota {
     }
 }
 
-/// Why a store could not decide.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum StoreError {
-    /// A cost of zero was asked for.
-    ZeroCost,
-    /// The cost is above the bucket's capacity, so it could never be served.
-    CostAboveCapacity {
-        /// The cost asked for.
-        cost: u32,
-        /// The limit's burst.
-        capacity: u32,
-    },
-    /// The store key holds a value that is not a bucket (Redis `WRONGTYPE`): someone else wrote
-    /// the key. The call was refused without changing it.
-    ///
-    /// The key is named by its bucket and fingerprint, never in clear (it may be an IP address
-    /// or an account). To find it, list the bucket's keys (`SCAN 0 MATCH <prefix>:*:<bucket>:*`)
-    /// and look for the one whose `TYPE` is not `string`, or compute it from a suspect key with
-    /// `RedisStore::redis_key`.
-    WrongType {
-        /// The bucket name, as the program chose it.
-        bucket: String,
-        /// The bucket key's [`fingerprint`](crate::BucketKey::fingerprint), not the key itself.
-        fingerprint: String,
-    },
-    /// The bucket's stored value is one no store could have written (not finite, a time out of
-    /// range, more debt than any reservation leaves): someone else wrote the key. The call was
-    /// refused without changing it; delete the key to start the bucket afresh.
-    CorruptBucket {
-        /// The bucket name, as the program chose it.
-        bucket: String,
-        /// The bucket key's [`fingerprint`](crate::BucketKey::fingerprint), not the key itself.
-        fingerprint: String,
-    },
-    /// A [`MemoryStore`](crate::MemoryStore) at its bound of buckets met a new key, and every
-    /// bucket it could have forgotten to make room was in debt (reservations wait on it). The
-    /// call changed nothing.
-    TooManyBuckets {
-        /// The store's bound.
-        max: usize,
-    },
-    /// The backend failed: connection lost or refused, or it answered something unexpected. The
-    /// backend's own error is the [`source`](StdError::source).
-    Backend(BackendError),
-    /// The backend did not answer within the store's timeout. The call may still have run: its
-    /// tokens count as spent.
-    Timeout {
-        /// The timeout that passed.
-        after: Duration,
-    },
-    /// The backend was not asked: its circuit breaker is open after repeated failures, or every
-    /// slot for calls in flight stayed taken for the whole timeout. Nothing was spent.
-    Unavailable {
-        /// About how long until the breaker lets a call try the backend again; when every slot
-        /// for calls in flight stayed taken, the store's timeout.
-        retry_in: Duration,
-    },
-}
-
-impl fmt::Display for StoreError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::ZeroCost => f.write_str("a request must cost at least one token"),
-            Self::CostAboveCapacity { cost, capacity } => write!(
-                f,
-                "a cost of {cost} tokens can never be served by a bucket of {capacity}"
-            ),
-            Self::WrongType {
-                bucket,
-                fingerprint,
-            } => write!(
-                f,
-                "the store key of bucket {bucket:?}, key fingerprint {fingerprint}, holds a value that is not a bucket"
-            ),
-            Self::CorruptBucket {
-                bucket,
-                fingerprint,
-            } => write!(
-                f,
-                "the store key of bucket {bucket:?}, key fingerprint {fingerprint}, holds a value no store could have written"
-            ),
-            Self::TooManyBuckets { max } => write!(
-                f,
-                "the store holds its most buckets ({max}), all in debt, and cannot take a new key"
-            ),
-            Self::Backend(e) => fmt::Display::fmt(e, f),
-            Self::Timeout { after } => write!(f, "the store did not answer within {after:?}"),
-            Self::Unavailable { retry_in } => write!(
-                f,
-                "the store is unavailable after repeated failures (next try in {retry_in:?})"
-            ),
-        }
-    }
-}
-
-impl StdError for StoreError {
-    fn source(&self) -> Option<&(dyn StdError + 'static)> {
-        match self {
-            Self::Backend(e) => e.source(),
-            _ => None,
-        }
-    }
-}
-
-/// A failure of the store's backend. Opaque: its cause is the [`source`](StdError::source).
-pub struct BackendError {
-    context: &'static str,
-    source: Option<Box<dyn StdError + Send + Sync>>,
-}
-
-impl BackendError {
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) fn new(
-        context: &'static str,
-        source: Option<Box<dyn StdError + Send + Sync>>,
-    ) -> Self {
-        Self { context, source }
-    }
-}
-
-impl fmt::Debug for BackendError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("BackendError")
-            .field("context", &self.context)
-            .field("source", &self.source)
-            .finish()
-    }
-}
-
-impl fmt::Display for BackendError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.context)
-    }
-}
-
-impl StdError for BackendError {
-    fn source(&self) -> Option<&(dyn StdError + 'static)> {
-        self.source
-            .as_deref()
-            .map(|e| e as &(dyn StdError + 'static))
-    }
-}
-
 /// Checks a cost against a limit before any store is asked.
 pub(crate) fn check_cost(limit: &Limit, cost: u32) -> Result<f64, StoreError> {
     if cost == 0 {
         return Err(StoreError::ZeroCost);
     }
     if cost > limit.burst() {
-        return Err(StoreError::CostAboveCapacity {
+        return Err(StoreError::CostAboveBurst {
             cost,
-            capacity: limit.burst(),
+            burst: limit.burst(),
         });
     }
     Ok(f64::from(cost))
 }
 
 /// A boxed future, as the object-safe [`DynBucketStore`] returns.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// The object-safe twin of [`BucketStore`], for `Arc<dyn DynBucketStore>`.
 ///
@@ -549,14 +404,14 @@ pub trait DynBucketStore: Send + Sync + 'static {
         limit: Limit,
         cost: u32,
         max_wait: Duration,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>>;
+    ) -> Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send + 'a>>;
 
     /// [`BucketStore::peek`], boxed.
     fn peek_boxed<'a>(
         &'a self,
         key: &'a BucketKey,
         limit: Limit,
-    ) -> BoxFuture<'a, Result<Quota, StoreError>>;
+    ) -> Pin<Box<dyn Future<Output = Result<BucketState, StoreError>> + Send + 'a>>;
 
     /// [`BucketStore::refund`], boxed.
     fn refund_boxed<'a>(
@@ -564,7 +419,7 @@ pub trait DynBucketStore: Send + Sync + 'static {
         key: &'a BucketKey,
         limit: Limit,
         reservation: Reservation,
-    ) -> BoxFuture<'a, Result<(), StoreError>>;
+    ) -> Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>>;
 
     /// [`BucketStore::drain_until`], boxed.
     fn drain_until_boxed<'a>(
@@ -572,7 +427,7 @@ pub trait DynBucketStore: Send + Sync + 'static {
         key: &'a BucketKey,
         limit: Limit,
         until: SystemTime,
-    ) -> BoxFuture<'a, Result<(), StoreError>>;
+    ) -> Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>>;
 }
 
 impl<S: BucketStore> DynBucketStore for S {
@@ -582,7 +437,7 @@ impl<S: BucketStore> DynBucketStore for S {
         limit: Limit,
         cost: u32,
         max_wait: Duration,
-    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
+    ) -> Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send + 'a>> {
         Box::pin(self.acquire(key, limit, cost, max_wait))
     }
 
@@ -590,7 +445,7 @@ impl<S: BucketStore> DynBucketStore for S {
         &'a self,
         key: &'a BucketKey,
         limit: Limit,
-    ) -> BoxFuture<'a, Result<Quota, StoreError>> {
+    ) -> Pin<Box<dyn Future<Output = Result<BucketState, StoreError>> + Send + 'a>> {
         Box::pin(self.peek(key, limit))
     }
 
@@ -599,7 +454,7 @@ impl<S: BucketStore> DynBucketStore for S {
         key: &'a BucketKey,
         limit: Limit,
         reservation: Reservation,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
+    ) -> Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>> {
         Box::pin(self.refund(key, limit, reservation))
     }
 
@@ -608,7 +463,7 @@ impl<S: BucketStore> DynBucketStore for S {
         key: &'a BucketKey,
         limit: Limit,
         until: SystemTime,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
+    ) -> Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>> {
         Box::pin(self.drain_until(key, limit, until))
     }
 }
@@ -624,7 +479,7 @@ impl BucketStore for Arc<dyn DynBucketStore> {
         (**self).acquire_boxed(key, limit, cost, max_wait).await
     }
 
-    async fn peek(&self, key: &BucketKey, limit: Limit) -> Result<Quota, StoreError> {
+    async fn peek(&self, key: &BucketKey, limit: Limit) -> Result<BucketState, StoreError> {
         (**self).peek_boxed(key, limit).await
     }
 

@@ -23,7 +23,7 @@ use spinning_top::Spinlock;
 
 use crate::bucket::{self, Params, State, Write};
 use crate::clock::{Clock, SystemClock, deadline_ms, whole_ms};
-use crate::store::{BucketStore, Decision, Quota, Reservation, StoreError, check_cost};
+use crate::store::{BucketState, BucketStore, Decision, Reservation, StoreError, check_cost};
 use crate::{BucketKey, Limit};
 
 mod halts;
@@ -361,7 +361,7 @@ impl<C: Clock> BucketStore for MemoryStore<C> {
         &self,
         key: &BucketKey,
         limit: Limit,
-    ) -> impl Future<Output = Result<Quota, StoreError>> + Send {
+    ) -> impl Future<Output = Result<BucketState, StoreError>> + Send {
         let p = Params::of(&limit);
         let outcome = self.with_bucket(key, |state, now| {
             let halt = self.inner.halts.get(key.as_str());
@@ -369,7 +369,7 @@ impl<C: Clock> BucketStore for MemoryStore<C> {
             ((bucket::peek(&p, state, now), halt), None)
         });
         ready(match outcome {
-            Ok((outcome, halt)) => Ok(Quota::new(outcome, limit).with_halt(halt as u64)),
+            Ok((outcome, halt)) => Ok(BucketState::new(outcome, limit).with_halt(halt as u64)),
             Err(Full) => Err(self.too_many()),
         })
     }

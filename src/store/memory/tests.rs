@@ -21,7 +21,7 @@ use super::view::STORES_PER_THREAD;
 use super::*;
 use crate::ManualClock;
 use crate::clock::deadline_ms;
-use crate::store::Quota;
+use crate::store::BucketState;
 
 const START: u64 = 1_700_000_000_000;
 
@@ -167,7 +167,7 @@ fn run(ops: &[Op], keys: &[BucketKey], limits: &[Limit]) -> Result<(), TestCaseE
                 let (p, state) = (Params::of(&limit), model.state(key));
                 let o = bucket::peek(&p, state, now);
                 let halt = bucket::halt(&p, state, model.halt(key), now, None);
-                let expected = Quota::new(o, limit).with_halt(halt as u64);
+                let expected = BucketState::new(o, limit).with_halt(halt as u64);
                 prop_assert_eq!(got, Some(expected), "{:?}", op);
             }
             Op::Refund { key, cost } => {

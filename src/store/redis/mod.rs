@@ -21,7 +21,7 @@ use redis::aio::ConnectionLike;
 
 use crate::clock::{Clock, SystemClock, deadline_ms, whole_ms};
 use crate::store::{
-    BackendError, BucketStore, Decision, MemoryStore, Quota, Reservation, Source, StoreError,
+    BackendError, BucketState, BucketStore, Decision, MemoryStore, Reservation, Source, StoreError,
     check_cost,
 };
 use crate::{BucketKey, InvalidKey, Limit};
@@ -50,7 +50,7 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
 /// (milliseconds since the Unix epoch) and `keep` (until when the key is kept, on the same
 /// clock), each an IEEE 754 `f64`, little-endian, as Lua's `struct.pack('<ddd', t, ts, keep)`
 /// writes them. After a drain the value is 32 bytes for a while, a fourth `f64` holding the
-/// drain's halt (see [`Quota::halts`]); it goes back to 24 bytes with the first write once the
+/// drain's halt (see [`BucketState::halts`]); it goes back to 24 bytes with the first write once the
 /// halt is further behind than the limit's refill time plus one interval. Builds from before the
 /// halt refuse a 32-byte value as [`StoreError::WrongType`]: while old and new builds share a
 /// Redis, the old ones fail (and send nothing) on buckets under a halt. One Lua script reads and
@@ -71,7 +71,7 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
 /// # Keys
 ///
 /// `<prefix>:v3:<bucket>:<key>`, with the prefix `burstgate` unless set with
-/// [`with_prefix`](Self::with_prefix), and the key escaped or hashed as [`BucketKey`] describes.
+/// [`with_prefix`](Self::prefix), and the key escaped or hashed as [`BucketKey`] describes.
 /// The `v3` is the stored format's version, so a bucket written by an earlier build (`v1`, a
 /// hash, or `v2`, 16 bytes) is never read as this one: it is simply left alone and expires by
 /// its own TTL. Every write keeps the key at least until the bucket is full again plus one
@@ -103,7 +103,7 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
 ///
 /// # When Redis fails
 ///
-/// Every call has a timeout, 250 ms unless set with [`with_timeout`](Self::with_timeout): a
+/// Every call has a timeout, 250 ms unless set with [`with_timeout`](Self::timeout): a
 /// decision that takes longer is not a decision a request should wait for. A call that fails
 /// with an error Redis sends only for commands it did not run (`TRYAGAIN`, `MOVED`, `ASK`,
 /// `CLUSTERDOWN`, `MASTERDOWN`, `LOADING`, `READONLY`, `BUSY`), or with a refused connection, is
@@ -131,7 +131,7 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
 /// without persistence, `FLUSHALL`), a request here may be denied that Redis would now admit, at
 /// most until the `retry_after` of the denial that filled the cache. Refunds and drains made
 /// through this store (or its clones) drop the cached state first. Turn it off with
-/// [`with_deny_cache(false)`](Self::with_deny_cache). It holds at most 16,384 buckets.
+/// [`with_deny_cache(false)`](Self::deny_cache). It holds at most 16,384 buckets.
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -140,7 +140,7 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// let client = redis::Client::open("redis://127.0.0.1/")?;
 /// let conn = client.get_multiplexed_async_connection().await?;
-/// let store = RedisStore::new(conn).with_prefix("myapp")?;
+/// let store = RedisStore::new(conn).prefix("myapp")?;
 ///
 /// let limit = Limit::per_minute(1)?.with_burst(10)?;
 /// let key = BucketKey::hashed("orders", "seller-api-token")?;
@@ -179,17 +179,17 @@ pub struct RedisStore<C, K = SystemClock> {
 /// where one group costs most (`docs/PERFORMANCE.md`, "Redis speed").
 const CONNECT_PIPELINE_BUFFER: usize = 8;
 
-/// Calls in flight to Redis at once, by default: see [`RedisStore::with_max_in_flight`].
+/// Calls in flight to Redis at once, by default: see [`RedisStore::max_in_flight`].
 const DEFAULT_MAX_IN_FLIGHT: usize = 128;
 
 impl RedisStore<redis::aio::ConnectionManager, SystemClock> {
     /// Connects to the Redis at `url` (`redis://`, or `rediss://` with TLS) through a
     /// reconnecting [`ConnectionManager`](redis::aio::ConnectionManager): reconnection attempts
     /// at most 200 ms apart, a 1 s limit on each connection attempt, no response timeout of
-    /// its own, since the store's [`with_timeout`](Self::with_timeout) bounds every call, and a
+    /// its own, since the store's [`with_timeout`](Self::timeout) bounds every call, and a
     /// pipeline buffer of 8 calls (redis-rs's default is 50), and redis-rs's own limit of calls
     /// awaiting an answer set to the store's default bound on calls in flight (128; see
-    /// [`with_max_in_flight`](Self::with_max_in_flight)).
+    /// [`with_max_in_flight`](Self::max_in_flight)).
     ///
     /// The buffer is how many calls the connection takes in before it writes them to Redis in
     /// one go. Many tasks on one connection otherwise move as one group: Redis serves all their
@@ -270,10 +270,8 @@ where
     /// (and its clones share them): the same [`BucketKey`] under two prefixes names two
     /// buckets. The connection, the circuit breaker and the bound on calls in flight stay
     /// shared, since they concern the one Redis behind both.
-    pub fn with_prefix(self, prefix: &str) -> Result<Self, InvalidKey> {
-        if !crate::key::is_name(prefix) {
-            return Err(InvalidKey::Prefix);
-        }
+    pub fn prefix(self, prefix: &str) -> Result<Self, InvalidKey> {
+        crate::key::check_name(prefix).map_err(InvalidKey::Prefix)?;
         // Caches of their own: they are keyed by bucket key, and another prefix's buckets are
         // other buckets.
         Ok(Self {
@@ -314,7 +312,7 @@ where
     /// real Redis times out at once, as redis-rs's own timeouts do: test with paused time on
     /// [`MemoryStore`], and with real time on Redis.
     #[must_use]
-    pub fn with_timeout(self, timeout: Duration) -> Self {
+    pub fn timeout(self, timeout: Duration) -> Self {
         Self { timeout, ..self }
     }
 
@@ -328,7 +326,7 @@ where
     /// clock, not the store's [`Clock`]: a wall clock that steps back cannot hold it open, and
     /// under tokio's paused time it follows `tokio::time::advance`.
     #[must_use]
-    pub fn with_breaker(self, breaker: Breaker) -> Self {
+    pub fn breaker(self, breaker: Breaker) -> Self {
         Self {
             circuit: Arc::new(Circuit::new(breaker)),
             ..self
@@ -337,7 +335,7 @@ where
 
     /// At most `calls` calls to Redis in flight at once from this store and its clones (128 by
     /// default; at least 1). A call beyond waits for a slot within its
-    /// [timeout](Self::with_timeout), and is answered [`StoreError::Unavailable`] without being
+    /// [timeout](Self::timeout), and is answered [`StoreError::Unavailable`] without being
     /// sent if none frees up in time, with at least half its timeout left, or if the circuit
     /// opened while it waited. So a stalled Redis holds the calls in flight when it stalled, and
     /// the few that take their slots as they time out before the breaker opens (at most its
@@ -351,7 +349,7 @@ where
     /// multiplexed connection is limited by Redis itself well before 128 calls in flight, and
     /// more only lengthen the queue, and what a stall can spend.
     #[must_use]
-    pub fn with_max_in_flight(self, calls: usize) -> Self {
+    pub fn max_in_flight(self, calls: usize) -> Self {
         let calls = calls.clamp(1, tokio::sync::Semaphore::MAX_PERMITS);
         Self {
             in_flight: Arc::new(tokio::sync::Semaphore::new(calls)),
@@ -361,7 +359,7 @@ where
 
     /// Turns the local deny cache on (the default) or off.
     #[must_use]
-    pub fn with_deny_cache(self, on: bool) -> Self {
+    pub fn deny_cache(self, on: bool) -> Self {
         Self {
             deny: on.then(|| Arc::new(DenyCache::new())),
             ..self
@@ -468,7 +466,7 @@ where
         }
     }
 
-    async fn peek(&self, key: &BucketKey, limit: Limit) -> Result<Quota, StoreError> {
+    async fn peek(&self, key: &BucketKey, limit: Limit) -> Result<BucketState, StoreError> {
         let args = Args {
             op: Op::Peek,
             limit,
@@ -476,13 +474,13 @@ where
             max_wait: 0,
         };
         match self.run(key, self.clock.now_ms(), args).await {
-            Ok(reply) => Ok(Quota::new(reply.outcome, limit).with_halt(reply.halt)),
+            Ok(reply) => Ok(BucketState::new(reply.outcome, limit).with_halt(reply.halt)),
             Err(Failure::Fatal(e)) => Err(e),
             Err(Failure::Outage(e)) => match self.local_limit(limit) {
                 Some(local) => {
                     let q = self.local.peek(key, local).await?;
-                    Ok(Quota {
-                        capacity: limit.burst(),
+                    Ok(BucketState {
+                        burst: limit.burst(),
                         ..q
                     })
                 }

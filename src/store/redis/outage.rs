@@ -634,7 +634,7 @@ mod local_bucket_tests {
         let clock = ManualClock::new(1_767_225_600_000);
         let processes = NonZeroU32::new(2).expect("non-zero");
         let store = RedisStore::new(conn)
-            .with_prefix(&redis_server::unique_prefix())
+            .prefix(&redis_server::unique_prefix())
             .expect("a valid prefix")
             .with_clock(clock.clone())
             .on_outage(OutagePolicy::Local { processes });
