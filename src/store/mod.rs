@@ -35,6 +35,7 @@ pub(crate) use crate::error::{BackendError, StoreError};
 use crate::{BucketKey, Limit};
 
 mod memory;
+mod sharding;
 pub use memory::MemoryStore;
 
 #[cfg(feature = "redis")]

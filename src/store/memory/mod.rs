@@ -12,7 +12,6 @@
 
 use std::fmt;
 use std::future::{Future, ready};
-use std::hash::{BuildHasher, Hasher};
 use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -23,6 +22,7 @@ use spinning_top::Spinlock;
 
 use crate::bucket::{self, Params, State, Write};
 use crate::clock::{Clock, SystemClock, deadline_ms, whole_ms};
+use crate::store::sharding::{self, hash};
 use crate::store::{BucketState, BucketStore, Decision, Reservation, StoreError, check_cost};
 use crate::{BucketKey, Limit};
 
@@ -147,24 +147,10 @@ struct Inner {
 }
 
 impl Inner {
-    /// The shard of a key's hash: the top bits of the hash times 2^64 / φ (Fibonacci hashing),
-    /// which depend on every bit of the hash. The table in the shard uses the hash's low bits
-    /// (and the new keys' table its top seven); the bits in between, taken as they are, spread
-    /// keys that differ in a digit or two (`client-17`, `client-18`) unevenly, some shards
-    /// getting a quarter of the mean and others over twice it.
+    /// The shard of a key's hash.
     fn shard_of(&self, hash: u64) -> usize {
-        let mixed = hash.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        // The count is a power of two, at least two, so the shift (64 minus its log2) is
-        // below 64 and leaves an index below the count.
-        (mixed >> (64 - self.shards.len().trailing_zeros())) as usize
+        sharding::index(hash, self.shards.len())
     }
-}
-
-/// The hash that picks a key's shard and its slots in the shard's tables.
-fn hash(hasher: &DefaultHashBuilder, key: &[u8]) -> u64 {
-    let mut h = hasher.build_hasher();
-    h.write(key);
-    h.finish()
 }
 
 impl MemoryStore<SystemClock> {

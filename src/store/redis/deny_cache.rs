@@ -14,12 +14,12 @@
 //! the entry takes the state Redis stored with its admission (or is dropped), so from then on
 //! the cache follows Redis again instead of its own refill.
 
-use std::hash::BuildHasher;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use hashbrown::{DefaultHashBuilder, HashTable};
 
 use crate::bucket::{self, Outcome, Params, State};
+use crate::store::sharding;
 use crate::{BucketKey, Limit};
 
 /// Entries per shard; a full shard first drops entries whose buckets would admit by now, and
@@ -78,10 +78,8 @@ impl DenyCache {
     }
 
     fn shard(&self, key: &str) -> (u64, MutexGuard<'_, HashTable<Entry>>) {
-        let hash = self.hasher.hash_one(key);
-        // Bits 32 and up pick the shard; the table itself uses the low and the top bits.
-        let index = ((hash >> 32) as usize) % SHARDS;
-        let shard = self.shards[index]
+        let hash = sharding::hash(&self.hasher, key.as_bytes());
+        let shard = self.shards[sharding::index(hash, SHARDS)]
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         (hash, shard)
@@ -168,7 +166,9 @@ impl DenyCache {
             limit,
             state,
         };
-        shard.insert_unique(hash, entry, |e| self.hasher.hash_one(&*e.key));
+        shard.insert_unique(hash, entry, |e| {
+            sharding::hash(&self.hasher, e.key.as_bytes())
+        });
     }
 
     /// Drops what is known of a bucket, after this process changed it other than by spending.
