@@ -20,9 +20,9 @@
 //! `burst + rate × elapsed`, from that bucket's first request to the end of the run.
 //!
 //! ```sh
-//! cargo run --features reqwest --example seller_api
+//! cargo run --features seller --example seller_api
 //! # The same on a shared bucket in Redis, through a reconnecting ConnectionManager:
-//! REDIS_URL=redis://127.0.0.1:6380/ cargo run --features reqwest --example seller_api
+//! REDIS_URL=redis://127.0.0.1:6380/ cargo run --features seller --example seller_api
 //! ```
 
 use std::collections::HashMap;

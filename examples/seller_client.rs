@@ -10,7 +10,7 @@
 //! `Authorization` header, so every process sending the same token spends the same bucket.
 //!
 //! ```sh
-//! REDIS_URL=redis://127.0.0.1:6380/ cargo run --features reqwest --example seller_client -- \
+//! REDIS_URL=redis://127.0.0.1:6380/ cargo run --features seller --example seller_client -- \
 //!     --url http://127.0.0.1:8080/api/v1/supplier/orders --token 'Bearer e2e' --seconds 10 \
 //!     --interval-ms 500 --burst 10 --margin-ms 10 --prefix e2e-1
 //! ```

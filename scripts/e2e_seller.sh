@@ -65,7 +65,7 @@ wait_for() {
     return 1
 }
 
-build_flags=(--features reqwest --example seller_client)
+build_flags=(--features seller --example seller_client)
 if [ "$PROFILE" = release ]; then
     build_flags+=(--release)
 fi
