@@ -11,7 +11,7 @@
 //!
 //! Time is scaled: one minute of the real API is 500 ms here, so "1 per minute, burst 10" becomes
 //! "1 per 500 ms, burst 10", and the run takes 12 s. The client spends the same limits with a
-//! margin of 10 ms per token ([`Group::with_margin`]): the mock's buckets, like the real API's,
+//! margin of 10 ms per token ([`Group::margin`]): the mock's buckets, like the real API's,
 //! start at the first request they *receive* and give no tolerance, so a client at exactly the
 //! published rate is now and then a millisecond early and earns a real 429. At this scale the
 //! margin costs 2% of the budget; against the real "1 per minute", 0.017%. It prints a per-second timeline and ends
@@ -20,9 +20,9 @@
 //! `burst + rate × elapsed`, from that bucket's first request to the end of the run.
 //!
 //! ```sh
-//! cargo run --features reqwest --example seller_api
+//! cargo run --features seller --example seller_api
 //! # The same on a shared bucket in Redis, through a reconnecting ConnectionManager:
-//! REDIS_URL=redis://127.0.0.1:6380/ cargo run --features reqwest --example seller_api
+//! REDIS_URL=redis://127.0.0.1:6380/ cargo run --features seller --example seller_api
 //! ```
 
 use std::collections::HashMap;
@@ -68,8 +68,8 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let groups = seller::groups()
         .into_iter()
         .map(|g| {
-            let limit = scaled(g.limit())?;
-            Ok(g.with_limit(limit))
+            let limit = scaled(g.template().limit())?;
+            Ok(g.limit(limit))
         })
         .collect::<Result<Vec<Group>, Box<dyn Error>>>()?;
 
@@ -122,21 +122,18 @@ async fn run<St: BucketStore + Clone>(
     );
     let client_groups = groups
         .iter()
-        .map(|g| g.clone().with_margin(MARGIN))
+        .map(|g| g.clone().margin(MARGIN))
         .collect::<Result<Vec<Group>, _>>()?;
     println!(
         "Limits per account: the mock's (the API's, scaled), and the client's with a margin of"
     );
     println!("{MARGIN:?} per token:");
     for (g, c) in groups.iter().zip(&client_groups) {
-        let method = g.method().map_or("any", Method::as_str);
         println!(
-            "  {:<18} {:<4} {:<36} {:<22} client: {}",
+            "  {:<18} {:<22} client: {}",
             g.name(),
-            method,
-            g.path(),
-            g.limit().to_string(),
-            c.limit()
+            g.template().limit().to_string(),
+            c.template().limit()
         );
     }
     println!(
@@ -398,7 +395,7 @@ impl Mock {
             let limit = groups
                 .iter()
                 .find(|g| g.name() == name)
-                .map(Group::limit)
+                .map(|g| g.template().limit())
                 .ok_or_else(|| format!("no group named {name}"))?;
             Ok::<_, String>(Endpoint {
                 name: name.to_owned(),

@@ -6,11 +6,11 @@
 //! its turn in the shared bucket (a `max_wait` longer than the run, so nobody gives up), and a
 //! task still waiting when the time is up is dropped, which gives its reserved token back. The
 //! route is the orders group of `burstgate::seller` with the limit given on the command line and
-//! a margin of `--margin-ms` per token ([`Group::with_margin`]), and the account is the
+//! a margin of `--margin-ms` per token ([`Group::margin`]), and the account is the
 //! `Authorization` header, so every process sending the same token spends the same bucket.
 //!
 //! ```sh
-//! REDIS_URL=redis://127.0.0.1:6380/ cargo run --features reqwest --example seller_client -- \
+//! REDIS_URL=redis://127.0.0.1:6380/ cargo run --features seller --example seller_client -- \
 //!     --url http://127.0.0.1:8080/api/v1/supplier/orders --token 'Bearer e2e' --seconds 10 \
 //!     --interval-ms 500 --burst 10 --margin-ms 10 --prefix e2e-1
 //! ```
@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use burstgate::middleware::RateLimitMiddleware;
+use burstgate::middleware::{RateLimitMiddleware, Route};
 use burstgate::seller::{self, Group};
 use burstgate::{Limit, RateLimited, RedisStore};
 use http::Extensions;
@@ -114,10 +114,8 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let path = reqwest::Url::parse(&args.url)?.path().to_owned();
 
     let server = Limit::new(1, Duration::from_millis(args.interval_ms))?.with_burst(args.burst)?;
-    let group: Group = seller::orders()
-        .with_limit(server)
-        .with_path(&path)
-        .with_margin(Duration::from_millis(args.margin_ms))?;
+    let orders = Route::new(seller::orders().name(), server, &path)?;
+    let group = Group::new(orders).margin(Duration::from_millis(args.margin_ms))?;
     let conn = redis::Client::open(redis_url)?
         .get_connection_manager()
         .await?;
@@ -135,7 +133,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
 
     println!(
         "limit: {} (the server's {server} with a margin of {} ms per token); {} tasks for {} s",
-        group.limit(),
+        group.template().limit(),
         args.margin_ms,
         args.tasks,
         args.seconds

@@ -15,7 +15,7 @@
 #
 # Time is scaled: the default limit is the orders group's "1 per minute, burst 10" run 120 times
 # faster, 1 per 500 ms, burst 10. The clients spend it with a margin of MARGIN_MS per token
-# (burstgate::seller::Group::with_margin): the server's bucket starts at the first request it
+# (burstgate::seller::Group::margin): the server's bucket starts at the first request it
 # receives and has no tolerance, so a client at exactly its rate is now and then early.
 #
 # Settings (environment): CLIENTS=4 TASKS=16 RUN_SECONDS=10 INTERVAL_MS=500 BURST=10 MARGIN_MS=10
@@ -65,7 +65,7 @@ wait_for() {
     return 1
 }
 
-build_flags=(--features reqwest --example seller_client)
+build_flags=(--features seller --example seller_client)
 if [ "$PROFILE" = release ]; then
     build_flags+=(--release)
 fi

@@ -200,6 +200,7 @@
 //! | `tower`   | no      | The tower layer `RateLimitLayer` in [`layer`], for HTTP services (axum, hyper, tonic, tower-http clients). |
 //! | `axum`    | no      | Lets [`layer::KeyExtractor::peer_ip`] and [`layer::KeyExtractor::client_ip`] read axum's `ConnectInfo<SocketAddr>`; implies `tower`. |
 //! | `reqwest` | no      | The reqwest-middleware `RateLimitMiddleware` in [`middleware`], for clients of rate-limited APIs. |
+//! | `seller`  | no      | The [`seller`] module: one seller API's published limits as ready routes for the middleware; implies `reqwest`. |
 //! | `quanta`  | no      | [`QuantaClock`], a cheaper clock for [`MemoryStore`], on the quanta crate's CPU counter. |
 //! | `tls`     | no      | `rediss://` URLs for [`RedisStore`], through redis-rs's own rustls support with the ring crypto provider; implies `redis`. |
 //!
@@ -269,8 +270,8 @@ mod limit;
 #[cfg(feature = "reqwest")]
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
 pub mod middleware;
-#[cfg(feature = "reqwest")]
-#[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
+#[cfg(feature = "seller")]
+#[cfg_attr(docsrs, doc(cfg(feature = "seller")))]
 pub mod seller;
 mod store;
 

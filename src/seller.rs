@@ -36,12 +36,13 @@
 //!
 //! The table records only the burst for the last three groups; this module assumes the same rate
 //! as orders, **1 request per minute**, for them. Check the API's current table before relying on
-//! it: every number and every path here can be overridden, per group, with
-//! [`Group::with_limit`], [`Group::with_path`], [`Group::with_method`] and [`Group::with_host`],
-//! and a published row converts with [`limit_from_table`]. [`Group::with_margin`] runs a group
+//! it: every number and every path here can be overridden. A [`Group`] is a [`Route`] template
+//! named after the group, so a group is adjusted through `Route`'s own API ([`Route::new`] for
+//! another path, [`Route::method`], [`Route::host`]), or with [`Group::limit`] for its limit
+//! alone; a published row converts with [`limit_from_table`]. [`Group::margin`] runs a group
 //! slightly under the published rate, which a client needs against an API that enforces its own
-//! token bucket with no tolerance (see there why). A group the preset does not name is
-//! one [`Group::new`] away.
+//! token bucket with no tolerance (see there why). A group the preset does not name is one
+//! [`Group::new`] away.
 //!
 //! # Keyed by token type and account
 //!
@@ -63,7 +64,7 @@
 //! so every worker backs off, not only the one that was told. Requests already admitted after a
 //! wait keep their turn; new ones queue behind the back-off, which lasts the longer of the time
 //! the API gave (whole seconds, so at least one) and one token period (a minute for this table):
-//! a 429 is expensive, a reason to run with a small [margin](Group::with_margin) rather than
+//! a 429 is expensive, a reason to run with a small [margin](Group::margin) rather than
 //! exactly at the published rate.
 
 use std::error::Error as StdError;
@@ -159,82 +160,54 @@ impl From<InvalidLimit> for TableError {
     }
 }
 
-/// A named group of the seller API: which requests it covers (a path pattern, optionally a method
-/// and a host) and the limit they share per account.
+/// A named group of the seller API: a [`Route`] template, named after the group, for the
+/// requests the group covers (a path pattern, optionally a method and a host) and the limit they
+/// share per account.
 ///
 /// The four groups of the published table are [`orders`], [`warehouse_remains_report`],
-/// [`sales_funnel_v3`] and [`sales`]; [`groups`] returns all of them. The path pattern follows
-/// [`Route::new`]: `*` is any one segment, a final `**` any rest.
+/// [`sales_funnel_v3`] and [`sales`]; [`groups`] returns all of them. Everything a group matches
+/// is its template's, set through [`Route`]'s own API: a group of your own, or a preset on
+/// another path, is [`Group::new`] over a [`Route::new`], and [`Group::into_template`] hands a
+/// preset's route back to build on ([`Route::method`], [`Route::host`]). [`Group::limit`]
+/// replaces the limit alone, and [`Group::margin`] lengthens it, keeping the pattern.
 ///
 /// ```
-/// use std::time::Duration;
 /// use burstgate::Limit;
-/// use burstgate::seller;
+/// use burstgate::middleware::Route;
+/// use burstgate::seller::{self, Group};
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// // The API raised the orders burst, and the group moved to a v2 path.
-/// let orders = seller::orders()
-///     .with_limit(Limit::per_minute(1)?.with_burst(20)?)
-///     .with_path("/api/v2/supplier/orders");
-/// assert_eq!(orders.limit().burst(), 20);
-/// assert_eq!(orders.path(), "/api/v2/supplier/orders");
+/// // The API raised the orders burst.
+/// let orders = seller::orders().limit(Limit::per_minute(1)?.with_burst(20)?);
+/// assert_eq!(orders.template().limit().burst(), 20);
+///
+/// // Then the group moved to a v2 path, served from one host.
+/// let v2 = Route::new("orders", orders.template().limit(), "/api/v2/supplier/orders")?
+///     .host("statistics-api.example");
+/// let orders = Group::new(v2);
+/// assert_eq!(orders.route("personal")?.bucket(), "personal-orders");
 /// # Ok(())
 /// # }
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Group {
-    name: String,
-    path: String,
-    method: Option<Method>,
-    host: Option<String>,
-    limit: Limit,
+    /// Its bucket name is the group's name, which [`Group::route`] prefixes with a token type.
+    template: Route,
 }
 
 impl Group {
-    /// A group named `name` (1 to 64 ASCII letters, digits, `_`, `.` or `-`; it becomes part of
-    /// the bucket name) for requests whose path matches `path` (starting with `/`), of any method
-    /// and to any host, under `limit`.
-    pub fn new(name: &str, path: &str, limit: Limit) -> Result<Self, InvalidKey> {
-        check_name(name).map_err(InvalidKey::BucketName)?;
-        Ok(Self {
-            name: name.to_owned(),
-            path: path.to_owned(),
-            method: None,
-            host: None,
-            limit,
-        })
+    /// The group named after `template`'s bucket name, for the requests `template` matches,
+    /// under its limit. [`Route::new`] has validated the name (1 to 64 ASCII letters, digits,
+    /// `_`, `.` or `-`) and the path.
+    pub fn new(template: Route) -> Self {
+        Self { template }
     }
 
-    /// The same group under another limit.
+    /// The same group under another limit, on the same path, method and host.
     #[must_use]
-    pub fn with_limit(self, limit: Limit) -> Self {
-        Self { limit, ..self }
-    }
-
-    /// The same group on another path pattern. [`routes`] refuses a pattern that does not start
-    /// with `/`.
-    #[must_use]
-    pub fn with_path(self, path: &str) -> Self {
+    pub fn limit(self, limit: Limit) -> Self {
         Self {
-            path: path.to_owned(),
-            ..self
-        }
-    }
-
-    /// The same group for requests with `method` only; `None` for any method.
-    #[must_use]
-    pub fn with_method(self, method: Option<Method>) -> Self {
-        Self { method, ..self }
-    }
-
-    /// The same group for requests to `host` only (compared without case, no port); `None` for
-    /// any host. The seller API serves its groups from several hosts; by default a group matches
-    /// its path on every host.
-    #[must_use]
-    pub fn with_host(self, host: Option<&str>) -> Self {
-        Self {
-            host: host.map(str::to_owned),
-            ..self
+            template: self.template.relimited(limit),
         }
     }
 
@@ -248,57 +221,40 @@ impl Group {
     /// on time), and earns a real 429. A margin of a few milliseconds per token absorbs that
     /// jitter; against "1 per minute", 10 ms costs 0.017% of the budget. Fails as [`Limit::new`]
     /// does, for instance when the new interval is not a whole number of milliseconds.
-    pub fn with_margin(self, per_token: Duration) -> Result<Self, InvalidLimit> {
-        let limit = self.limit;
+    pub fn margin(self, per_token: Duration) -> Result<Self, InvalidLimit> {
+        let limit = self.template.limit();
         let interval = per_token
             .checked_mul(limit.tokens())
             .and_then(|extra| limit.interval().checked_add(extra))
             .ok_or(InvalidLimit::TooSlow)?;
         let limit = Limit::new(limit.tokens(), interval)?.with_burst(limit.burst())?;
-        Ok(Self { limit, ..self })
+        Ok(self.limit(limit))
     }
 
     /// The group's name, the second half of its bucket names.
     pub fn name(&self) -> &str {
-        &self.name
+        self.template.bucket()
     }
 
-    /// The path pattern.
-    pub fn path(&self) -> &str {
-        &self.path
+    /// The route template: the group's path, method, host and limit, under the group's name.
+    pub fn template(&self) -> &Route {
+        &self.template
     }
 
-    /// The method the group is limited to, if any.
-    pub fn method(&self) -> Option<&Method> {
-        self.method.as_ref()
+    /// The route template, to build another group on.
+    pub fn into_template(self) -> Route {
+        self.template
     }
 
-    /// The host the group is limited to, if any.
-    pub fn host(&self) -> Option<&str> {
-        self.host.as_deref()
-    }
-
-    /// The limit each account has for this group.
-    pub fn limit(&self) -> Limit {
-        self.limit
-    }
-
-    /// The middleware route for this group and `token_type`: bucket `<token_type>-<name>`.
+    /// The middleware route for this group and `token_type`: the template, drawing from bucket
+    /// `<token_type>-<name>`.
     ///
     /// Fails when `token_type` is not a valid name (1 to 64 ASCII letters, digits, `_`, `.` or
-    /// `-`), when the bucket name is longer than 64 bytes, or when the path does not start with
-    /// `/`.
+    /// `-`), or when the bucket name is longer than 64 bytes.
     pub fn route(&self, token_type: &str) -> Result<Route, InvalidKey> {
         check_name(token_type).map_err(InvalidKey::BucketName)?;
-        let bucket = format!("{token_type}-{}", self.name);
-        let mut route = Route::new(&bucket, self.limit, &self.path)?;
-        if let Some(method) = &self.method {
-            route = route.method(method.clone());
-        }
-        if let Some(host) = &self.host {
-            route = route.host(host);
-        }
-        Ok(route)
+        let bucket = format!("{token_type}-{}", self.name());
+        self.template.clone().renamed(&bucket)
     }
 }
 
@@ -312,15 +268,18 @@ fn per_minute_with_burst(burst: u32) -> Limit {
     }
 }
 
-/// Builds a preset group; its name is a literal that passes [`is_name`].
+/// Builds a preset group from literals.
 fn preset(name: &'static str, path: &'static str, method: Option<Method>, burst: u32) -> Group {
-    Group {
-        name: name.to_owned(),
-        path: path.to_owned(),
-        method,
-        host: None,
-        limit: per_minute_with_burst(burst),
-    }
+    let route = match Route::new(name, per_minute_with_burst(burst), path) {
+        Ok(route) => route,
+        // Every preset's name is a valid bucket name and its path starts with `/`; the unit
+        // tests build every group.
+        Err(_) => unreachable!("a preset's name and path are valid"),
+    };
+    Group::new(match method {
+        Some(method) => route.method(method),
+        None => route,
+    })
 }
 
 /// Orders: `/api/v1/supplier/orders`, any method, **1 request per minute, burst 10** per account.
@@ -509,57 +468,94 @@ mod tests {
         assert_eq!(groups.len(), expected.len());
         for (group, (name, path, method, burst)) in groups.iter().zip(expected) {
             assert_eq!(group.name(), name);
-            assert_eq!(group.path(), path);
-            assert_eq!(group.method(), method.as_ref());
-            assert_eq!(group.host(), None);
-            assert_eq!(group.limit(), limit(1, MINUTE, burst), "{name}");
+            // The path, the method, no host, and the limit, all at once.
+            let route = Route::new(name, limit(1, MINUTE, burst), path).expect("a valid route");
+            let route = match method {
+                Some(method) => route.method(method),
+                None => route,
+            };
+            assert_eq!(group.template(), &route, "{name}");
+            assert_eq!(group.template().limit(), limit(1, MINUTE, burst), "{name}");
         }
-        assert_eq!(orders().limit().to_string(), "1 per 60s, burst 10");
-        assert_eq!(sales().limit().burst(), 1);
+        assert_eq!(
+            orders().template().limit().to_string(),
+            "1 per 60s, burst 10"
+        );
+        assert_eq!(sales().template().limit().burst(), 1);
+    }
+
+    fn url(s: &str) -> reqwest::Url {
+        reqwest::Url::parse(s).expect("a valid URL")
     }
 
     #[test]
     fn every_part_of_a_group_can_be_overridden() {
         let faster = limit(2, MINUTE, 20);
-        let g = orders()
-            .with_limit(faster)
-            .with_path("/api/v2/orders")
-            .with_method(Some(Method::GET))
-            .with_host(Some("statistics-api.example"));
-        assert_eq!(g.limit(), faster);
-        assert_eq!(g.path(), "/api/v2/orders");
-        assert_eq!(g.method(), Some(&Method::GET));
-        assert_eq!(g.host(), Some("statistics-api.example"));
+        let template = Route::new(orders().name(), faster, "/api/v2/orders")
+            .expect("a valid route")
+            .method(Method::GET)
+            .host("statistics-api.example");
+        let g = Group::new(template);
+        assert_eq!(g.template().limit(), faster);
         assert_eq!(g.name(), "orders");
-        let back = g.with_method(None).with_host(None);
-        assert_eq!((back.method(), back.host()), (None, None));
+        let r = g.route("personal").expect("a valid route");
+        assert_eq!(r.limit(), faster);
+        let v2 = url("https://statistics-api.example/api/v2/orders");
+        assert!(r.matches_url(&Method::GET, &v2));
+        let v1 = url("https://statistics-api.example/api/v1/supplier/orders");
+        assert!(!r.matches_url(&Method::GET, &v1), "the path");
+        assert!(!r.matches_url(&Method::POST, &v2), "the method");
+        let elsewhere = url("https://content-api.example/api/v2/orders");
+        assert!(!r.matches_url(&Method::GET, &elsewhere), "the host");
+
+        // The limit alone: the preset's pattern, of any method to any host, is kept.
+        let g = orders().limit(faster);
+        assert_eq!(g.template().limit(), faster);
+        assert_eq!(g.name(), "orders");
+        let r = g.route("personal").expect("a valid route");
+        let v1_elsewhere = url("https://content-api.example/api/v1/supplier/orders");
+        assert!(r.matches_url(&Method::POST, &v1_elsewhere));
+
+        // A preset's template, built on: a host added, its path and limit kept.
+        let hosted = Group::new(orders().into_template().host("statistics-api.example"));
+        assert_eq!(hosted.template().limit(), orders().template().limit());
+        let r = hosted.route("personal").expect("a valid route");
+        assert!(r.matches_url(&Method::GET, &v1));
+        assert!(!r.matches_url(&Method::GET, &v1_elsewhere));
     }
 
     #[test]
     fn a_margin_lengthens_each_token_period_and_keeps_the_burst() {
         let g = orders()
-            .with_margin(Duration::from_millis(10))
+            .margin(Duration::from_millis(10))
             .expect("a valid margin");
-        assert_eq!(g.limit(), limit(1, Duration::from_millis(60_010), 10));
-        let fast = orders()
-            .with_limit(limit(300, MINUTE, 20))
-            .with_margin(Duration::from_millis(1))
-            .expect("a valid margin");
-        assert_eq!(fast.limit(), limit(300, Duration::from_millis(60_300), 20));
         assert_eq!(
-            orders().with_margin(Duration::from_micros(1500)).map(drop),
+            g.template().limit(),
+            limit(1, Duration::from_millis(60_010), 10)
+        );
+        assert_eq!(
+            g.template(),
+            &orders().limit(g.template().limit()).into_template()
+        );
+        let fast = orders()
+            .limit(limit(300, MINUTE, 20))
+            .margin(Duration::from_millis(1))
+            .expect("a valid margin");
+        assert_eq!(
+            fast.template().limit(),
+            limit(300, Duration::from_millis(60_300), 20)
+        );
+        assert_eq!(
+            orders().margin(Duration::from_micros(1500)).map(drop),
             Err(InvalidLimit::SubMillisecondInterval {
                 interval: Duration::from_micros(60_001_500)
             })
         );
         assert_eq!(
-            orders().with_margin(Duration::MAX).map(drop),
+            orders().margin(Duration::MAX).map(drop),
             Err(InvalidLimit::TooSlow)
         );
-        assert_eq!(
-            sales().with_margin(Duration::ZERO).map(|g| g.limit()),
-            Ok(sales().limit())
-        );
+        assert_eq!(sales().margin(Duration::ZERO), Ok(sales()));
     }
 
     #[test]
@@ -571,19 +567,23 @@ mod tests {
                 byte,
             }))
         };
-        assert_eq!(Group::new("a b", "/x", l).map(drop), bad(1, b' '));
+        // A group's name is its template's bucket name.
+        let group = |name: &str, path: &str| Route::new(name, l, path).map(Group::new);
+        assert_eq!(group("a b", "/x").map(drop), bad(1, b' '));
         let empty = Err(InvalidKey::BucketName(InvalidName::Empty));
-        assert_eq!(Group::new("", "/x", l).map(drop), empty);
+        assert_eq!(group("", "/x").map(drop), empty);
         assert_eq!(routes("", &groups()).map(drop), empty);
         assert_eq!(routes("per:sonal", &groups()).map(drop), bad(3, b':'));
         // Each half is a valid name, but together they pass 64 bytes.
-        let long = Group::new(&"g".repeat(40), "/x", l).expect("a valid group");
+        let long = group(&"g".repeat(40), "/x").expect("a valid group");
         assert_eq!(
             long.route(&"t".repeat(40)).map(drop),
             Err(InvalidKey::BucketName(InvalidName::TooLong { len: 81 }))
         );
-        let no_slash = orders().with_path("api/v1/supplier/orders");
-        assert!(routes("personal", &[no_slash]).is_err());
+        assert_eq!(
+            group("orders", "api/v1/supplier/orders"),
+            Err(InvalidKey::RoutePath)
+        );
     }
 
     #[test]
@@ -643,7 +643,7 @@ mod tests {
         let key = BucketKey::hashed(&format!("{token_type}-{}", group.name()), token)
             .expect("a valid key");
         store
-            .peek(&key, group.limit())
+            .peek(&key, group.template().limit())
             .await
             .expect("a peek")
             .remaining()
@@ -721,7 +721,10 @@ mod tests {
         .await;
         assert_eq!(status.ok(), Some(200));
         let key = BucketKey::new("personal-orders", "seller-42").expect("a valid key");
-        let quota = store.peek(&key, orders().limit()).await.expect("a peek");
+        let quota = store
+            .peek(&key, orders().template().limit())
+            .await
+            .expect("a peek");
         assert_eq!(quota.remaining(), 9);
         assert_eq!(remaining(&store, "personal", &orders(), a).await, 9);
     }

@@ -51,7 +51,7 @@ use crate::{BucketName, InvalidKey, Limit};
 /// # Ok(())
 /// # }
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Route {
     pub(super) bucket: BucketName,
     pub(super) limit: Limit,
@@ -115,6 +115,22 @@ impl Route {
             host: Some(host.to_ascii_lowercase()),
             ..self
         }
+    }
+
+    /// The same route drawing from bucket `bucket`, refused as [`Route::new`] refuses a name.
+    #[cfg(feature = "seller")]
+    pub(crate) fn renamed(self, bucket: &str) -> Result<Self, InvalidKey> {
+        Ok(Self {
+            bucket: BucketName::new(bucket)?,
+            ..self
+        })
+    }
+
+    /// The same route under `limit`: the seller preset adjusts a group's limit in place, so a
+    /// caller need not restate the pattern.
+    #[cfg(feature = "seller")]
+    pub(crate) fn relimited(self, limit: Limit) -> Self {
+        Self { limit, ..self }
     }
 
     /// The bucket name.
