@@ -23,7 +23,7 @@ use std::mem;
 use crate::{BucketKey, BucketStore, Limit, Reservation};
 #[cfg(feature = "reqwest")]
 use {
-    crate::store::BackendError,
+    crate::error::BackendError,
     crate::{Decision, StoreError},
     std::time::Duration,
 };

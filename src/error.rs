@@ -316,3 +316,97 @@ impl StdError for BackendError {
             .map(|e| e as &(dyn StdError + 'static))
     }
 }
+
+#[cfg(feature = "tower")]
+/// Why [`TrustedProxies::new`](crate::layer::TrustedProxies::new) refused a network.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum InvalidProxy {
+    /// Entry number `index` (from 0) is neither an IP address nor a network in CIDR notation.
+    Syntax {
+        /// The entry's position in the list.
+        index: usize,
+    },
+    /// Entry number `index` (from 0) has bits set past its prefix length, such as
+    /// `10.0.0.1/8`: write the network (`10.0.0.0/8`) or the address alone (`10.0.0.1`).
+    HostBits {
+        /// The entry's position in the list.
+        index: usize,
+    },
+    /// Entry number `index` (from 0) is every address (`0.0.0.0/0`, `::/0`, or `::ffff:0:0/96`,
+    /// every IPv4-mapped one): trusting every peer would let any client name its own bucket in
+    /// the header. Use [`KeyExtractor::peer_ip`](crate::layer::KeyExtractor::peer_ip) if there is no
+    /// proxy, or list the proxies' networks.
+    Everyone {
+        /// The entry's position in the list.
+        index: usize,
+    },
+}
+
+#[cfg(feature = "tower")]
+impl fmt::Display for InvalidProxy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Syntax { index } => write!(
+                f,
+                "trusted proxy {index} is neither an ip address nor a cidr network"
+            ),
+            Self::HostBits { index } => write!(
+                f,
+                "trusted proxy {index} has bits set past its prefix length"
+            ),
+            Self::Everyone { index } => write!(
+                f,
+                "trusted proxy {index} is every address, which would let clients choose their key"
+            ),
+        }
+    }
+}
+
+#[cfg(feature = "tower")]
+impl StdError for InvalidProxy {}
+
+#[cfg(feature = "seller")]
+/// Why [`limit_from_table`](crate::seller::limit_from_table) refused a row of the limits table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TableError {
+    /// The period, limit or burst do not make a valid [`Limit`](crate::Limit).
+    Limit(InvalidLimit),
+    /// The interval column is not `period / limit`.
+    Inconsistent {
+        /// The period column.
+        period: Duration,
+        /// The limit column (requests per period).
+        limit: u32,
+        /// The interval column.
+        interval: Duration,
+    },
+}
+
+#[cfg(feature = "seller")]
+impl fmt::Display for TableError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Limit(e) => fmt::Display::fmt(e, f),
+            Self::Inconsistent {
+                period,
+                limit,
+                interval,
+            } => write!(
+                f,
+                "an interval of {interval:?} does not match {limit} requests per {period:?}"
+            ),
+        }
+    }
+}
+
+#[cfg(feature = "seller")]
+impl StdError for TableError {}
+
+#[cfg(feature = "seller")]
+impl From<InvalidLimit> for TableError {
+    fn from(e: InvalidLimit) -> Self {
+        Self::Limit(e)
+    }
+}

@@ -67,12 +67,11 @@
 //! a 429 is expensive, a reason to run with a small [margin](Group::margin) rather than
 //! exactly at the published rate.
 
-use std::error::Error as StdError;
-use std::fmt;
 use std::time::Duration;
 
 use http::Method;
 
+pub use crate::error::TableError;
 use crate::key::check_name;
 use crate::middleware::Route;
 use crate::{InvalidKey, InvalidLimit, Limit};
@@ -117,47 +116,6 @@ pub fn limit_from_table(
         });
     }
     Ok(parsed)
-}
-
-/// Why [`limit_from_table`] refused a row of the limits table.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum TableError {
-    /// The period, limit or burst do not make a valid [`Limit`].
-    Limit(InvalidLimit),
-    /// The interval column is not `period / limit`.
-    Inconsistent {
-        /// The period column.
-        period: Duration,
-        /// The limit column (requests per period).
-        limit: u32,
-        /// The interval column.
-        interval: Duration,
-    },
-}
-
-impl fmt::Display for TableError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Limit(e) => fmt::Display::fmt(e, f),
-            Self::Inconsistent {
-                period,
-                limit,
-                interval,
-            } => write!(
-                f,
-                "an interval of {interval:?} does not match {limit} requests per {period:?}"
-            ),
-        }
-    }
-}
-
-impl StdError for TableError {}
-
-impl From<InvalidLimit> for TableError {
-    fn from(e: InvalidLimit) -> Self {
-        Self::Limit(e)
-    }
 }
 
 /// A named group of the seller API: a [`Route`] template, named after the group, for the

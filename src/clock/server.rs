@@ -9,7 +9,7 @@ use redis::aio::ConnectionLike;
 
 use super::{Clock, SystemClock};
 use crate::StoreError;
-use crate::store::BackendError;
+use crate::error::BackendError;
 
 /// How many `TIME` round trips one measurement takes; the fastest gives the offset, since its
 /// midpoint is the closest to the moment Redis read its clock.

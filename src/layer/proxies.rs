@@ -9,6 +9,7 @@ use http::{HeaderMap, HeaderName};
 use ipnet::{IpNet, Ipv4Net};
 
 use super::ip::canonical;
+pub use crate::error::InvalidProxy;
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
@@ -197,52 +198,6 @@ impl fmt::Debug for TrustedProxies {
             .finish()
     }
 }
-
-/// Why [`TrustedProxies::new`] refused a network.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum InvalidProxy {
-    /// Entry number `index` (from 0) is neither an IP address nor a network in CIDR notation.
-    Syntax {
-        /// The entry's position in the list.
-        index: usize,
-    },
-    /// Entry number `index` (from 0) has bits set past its prefix length, such as
-    /// `10.0.0.1/8`: write the network (`10.0.0.0/8`) or the address alone (`10.0.0.1`).
-    HostBits {
-        /// The entry's position in the list.
-        index: usize,
-    },
-    /// Entry number `index` (from 0) is every address (`0.0.0.0/0`, `::/0`, or `::ffff:0:0/96`,
-    /// every IPv4-mapped one): trusting every peer would let any client name its own bucket in
-    /// the header. Use [`KeyExtractor::peer_ip`](super::KeyExtractor::peer_ip) if there is no
-    /// proxy, or list the proxies' networks.
-    Everyone {
-        /// The entry's position in the list.
-        index: usize,
-    },
-}
-
-impl fmt::Display for InvalidProxy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Syntax { index } => write!(
-                f,
-                "trusted proxy {index} is neither an ip address nor a cidr network"
-            ),
-            Self::HostBits { index } => write!(
-                f,
-                "trusted proxy {index} has bits set past its prefix length"
-            ),
-            Self::Everyone { index } => write!(
-                f,
-                "trusted proxy {index} is every address, which would let clients choose their key"
-            ),
-        }
-    }
-}
-
-impl std::error::Error for InvalidProxy {}
 
 fn parse_net(s: &str, index: usize) -> Result<IpNet, InvalidProxy> {
     let s = s.trim();

@@ -31,7 +31,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use crate::bucket::Outcome;
-pub(crate) use crate::error::{BackendError, StoreError};
+#[cfg(feature = "redis")]
+pub(crate) use crate::error::BackendError;
+pub(crate) use crate::error::StoreError;
 use crate::{BucketKey, Limit};
 
 mod memory;
@@ -438,7 +440,7 @@ impl<S: BucketStore> DynBucketStore for S {
         limit: Limit,
         cost: u32,
         max_wait: Duration,
-    ) -> Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send + 'a>> {
+    ) -> BoxFuture<'a, Result<Decision, StoreError>> {
         Box::pin(self.acquire(key, limit, cost, max_wait))
     }
 
@@ -446,7 +448,7 @@ impl<S: BucketStore> DynBucketStore for S {
         &'a self,
         key: &'a BucketKey,
         limit: Limit,
-    ) -> Pin<Box<dyn Future<Output = Result<BucketState, StoreError>> + Send + 'a>> {
+    ) -> BoxFuture<'a, Result<BucketState, StoreError>> {
         Box::pin(self.peek(key, limit))
     }
 
@@ -455,7 +457,7 @@ impl<S: BucketStore> DynBucketStore for S {
         key: &'a BucketKey,
         limit: Limit,
         reservation: Reservation,
-    ) -> Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>> {
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(self.refund(key, limit, reservation))
     }
 
@@ -464,7 +466,7 @@ impl<S: BucketStore> DynBucketStore for S {
         key: &'a BucketKey,
         limit: Limit,
         until: SystemTime,
-    ) -> Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>> {
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(self.drain_until(key, limit, until))
     }
 }
