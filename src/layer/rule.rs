@@ -90,7 +90,7 @@ type CostFn = Arc<dyn Fn(&Parts) -> u32 + Send + Sync>;
 impl Rule {
     /// A rule named `bucket` (1 to 64 ASCII letters, digits, `_`, `.` or `-`; it names the
     /// bucket in the store and the policy in the `RateLimit` headers). Each request costs one
-    /// token unless [`with_cost`](Self::cost) says otherwise.
+    /// token unless [`cost`](Self::cost) says otherwise.
     pub fn new(bucket: &str, limit: Limit, key: KeyExtractor) -> Result<Self, InvalidKey> {
         let bucket = BucketName::new(bucket)?;
         // A checked name is printable ASCII, so its item is always a valid header value; the
@@ -232,7 +232,7 @@ impl KeyExtractor {
     /// The key is the IPv4 address (`192.0.2.7`), or the IPv6 network the address is in, written
     /// as the network and its length: all of `2001:db8:1:2::/64` shares one bucket by default,
     /// since an IPv6 client can use any address of its `/64`. Choose another grouping with
-    /// [`with_ipv6_prefix`](Self::ipv6_prefix). An IPv4-mapped IPv6 address
+    /// [`ipv6_prefix`](Self::ipv6_prefix). An IPv4-mapped IPv6 address
     /// (`::ffff:192.0.2.7`, as a dual-stack socket reports an IPv4 peer) is keyed as the IPv4
     /// address. A store key percent-escapes the colons: in Redis the bucket of that network is
     /// `<prefix>:v3:<bucket>:2001%3Adb8%3A1%3A2%3A%3A/64`.
@@ -284,7 +284,7 @@ impl KeyExtractor {
     /// untrusted address in the header they write (see [`TrustedProxies`] for the walk and what
     /// an unreadable entry does). A client cannot choose its bucket by sending the header
     /// itself. The key is formed and grouped as `peer_ip`'s (IPv6 by its `/64`, see
-    /// [`with_ipv6_prefix`](Self::ipv6_prefix)); a request without a peer address is a
+    /// [`ipv6_prefix`](Self::ipv6_prefix)); a request without a peer address is a
     /// missing key, refused with `500` under [`MissingKey::Reject`].
     ///
     /// ```

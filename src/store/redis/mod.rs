@@ -71,7 +71,7 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
 /// # Keys
 ///
 /// `<prefix>:v3:<bucket>:<key>`, with the prefix `burstgate` unless set with
-/// [`with_prefix`](Self::prefix), and the key escaped or hashed as [`BucketKey`] describes.
+/// [`prefix`](Self::prefix), and the key escaped or hashed as [`BucketKey`] describes.
 /// The `v3` is the stored format's version, so a bucket written by an earlier build (`v1`, a
 /// hash, or `v2`, 16 bytes) is never read as this one: it is simply left alone and expires by
 /// its own TTL. Every write keeps the key at least until the bucket is full again plus one
@@ -103,7 +103,7 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
 ///
 /// # When Redis fails
 ///
-/// Every call has a timeout, 250 ms unless set with [`with_timeout`](Self::timeout): a
+/// Every call has a timeout, 250 ms unless set with [`timeout`](Self::timeout): a
 /// decision that takes longer is not a decision a request should wait for. A call that fails
 /// with an error Redis sends only for commands it did not run (`TRYAGAIN`, `MOVED`, `ASK`,
 /// `CLUSTERDOWN`, `MASTERDOWN`, `LOADING`, `READONLY`, `BUSY`), or with a refused connection, is
@@ -131,7 +131,7 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
 /// without persistence, `FLUSHALL`), a request here may be denied that Redis would now admit, at
 /// most until the `retry_after` of the denial that filled the cache. Refunds and drains made
 /// through this store (or its clones) drop the cached state first. Turn it off with
-/// [`with_deny_cache(false)`](Self::deny_cache). It holds at most 16,384 buckets.
+/// [`deny_cache(false)`](Self::deny_cache). It holds at most 16,384 buckets.
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -186,10 +186,10 @@ impl RedisStore<redis::aio::ConnectionManager, SystemClock> {
     /// Connects to the Redis at `url` (`redis://`, or `rediss://` with TLS) through a
     /// reconnecting [`ConnectionManager`](redis::aio::ConnectionManager): reconnection attempts
     /// at most 200 ms apart, a 1 s limit on each connection attempt, no response timeout of
-    /// its own, since the store's [`with_timeout`](Self::timeout) bounds every call, and a
+    /// its own, since the store's [`timeout`](Self::timeout) bounds every call, and a
     /// pipeline buffer of 8 calls (redis-rs's default is 50), and redis-rs's own limit of calls
     /// awaiting an answer set to the store's default bound on calls in flight (128; see
-    /// [`with_max_in_flight`](Self::max_in_flight)).
+    /// [`max_in_flight`](Self::max_in_flight)).
     ///
     /// The buffer is how many calls the connection takes in before it writes them to Redis in
     /// one go. Many tasks on one connection otherwise move as one group: Redis serves all their
