@@ -9,6 +9,9 @@
 //!   memory;
 //! - `key.rs`: a key as a table holds it, inline when short;
 //! - `halts.rs`: the halts of drained buckets, kept beside the buckets.
+//!
+//! How decisions and rebuilds share a table, and the invariants the code relies on:
+//! docs/DESIGN.md#memorystore.
 
 use std::fmt;
 use std::future::{Future, ready};
