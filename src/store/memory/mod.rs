@@ -54,8 +54,8 @@ const MIN_SHARDS: usize = 16;
 /// front, so a bound mistyped by a few orders of magnitude must not allocate gigabytes.
 const MAX_SHARDS: usize = 1 << 16;
 
-/// The most buckets a store holds unless built with [`MemoryStore::bounded`]: some 120 MB with
-/// short keys, 230 MB with hashed ones (see the type's docs).
+/// The most buckets a store holds unless built with [`MemoryStore::bounded`] (what a bucket costs:
+/// the type's docs; what the default bound takes in all: docs/PERFORMANCE.md).
 const DEFAULT_MAX_BUCKETS: usize = 1 << 20;
 
 /// How many buckets a shard should hold at most, which sets the shard count of a large store: a
@@ -153,8 +153,8 @@ impl Inner {
     /// The shard of a key's hash: the top bits of the hash times 2^64 / φ (Fibonacci hashing),
     /// which depend on every bit of the hash. The table in the shard uses the hash's low bits
     /// (and the new keys' table its top seven); the bits in between, taken as they are, spread
-    /// keys that differ in a digit or two (`client-17`, `client-18`) unevenly, some shards
-    /// getting a quarter of the mean and others over twice it.
+    /// keys that differ in a digit or two (`client-17`, `client-18`) unevenly, for some seeds of
+    /// the hasher (docs/DESIGN.md#history says how unevenly).
     fn shard_of(&self, hash: u64) -> usize {
         let mixed = hash.wrapping_mul(0x9E37_79B9_7F4A_7C15);
         // The count is a power of two, at least two, so the shift (64 minus its log2) is
@@ -329,8 +329,8 @@ impl<C: Clock> MemoryStore<C> {
 }
 
 impl<C: Clock> BucketStore for MemoryStore<C> {
-    // The decision is a few dozen nanoseconds and its future a large value returned by copy;
-    // inlined into the caller, the copy and the call go away.
+    // The decision is short and its future a large value returned by copy; inlined into the
+    // caller, the copy and the call go away.
     #[inline]
     fn acquire(
         &self,
