@@ -314,9 +314,9 @@ fn whole_tokens(t: f64) -> u64 {
 /// Takes `cost` tokens at `now`, or reserves them when they refill within `max_wait`
 /// milliseconds, or denies, writing nothing unless the stored time had to be moved back to the
 /// lead bound. `cost` must be in `1..=capacity`.
-// Always inlined: a `MemoryStore` decision is a few dozen nanoseconds, and as a call of its own
-// (which the compiler chose in some callers) this took a tenth of it, its result going back
-// through memory.
+// Always inlined: as a call of its own (which the compiler chose in some callers) this took a
+// share of every `MemoryStore` decision, its result going back through memory
+// (docs/PERFORMANCE.md, "What a decision costs", has the figure).
 #[inline(always)]
 pub(crate) fn evaluate(
     p: &Params,

@@ -39,7 +39,7 @@ static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 ///    trusted address reached, the leftmost entry, or the peer if there is none.
 ///
 /// Only one header is read: `X-Forwarded-For` by default, or `Forwarded` (RFC 7239) with
-/// [`with_header`](Self::with_header). Choose the one your proxies write; the other is ignored,
+/// [`header`](Self::header). Choose the one your proxies write; the other is ignored,
 /// since a client could send it with anything in it. Entries may carry a port (`192.0.2.7:443`,
 /// `[2001:db8::7]:443`, in `Forwarded` quoted: `for="[2001:db8::7]:443"`), which is ignored,
 /// and IPv6 addresses may be bracketed. An IPv4-mapped address (`::ffff:192.0.2.7`) counts as

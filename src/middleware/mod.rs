@@ -1,4 +1,6 @@
-//! The client side: [`RateLimitMiddleware`] for `reqwest_middleware`.
+// The module docs are a file of their own, docs/middleware.md: long prose reads better there,
+// and rustdoc still renders and doctests it here.
+#![doc = include_str!("../../docs/middleware.md")]
 
 mod account;
 mod backoff;
@@ -27,84 +29,8 @@ const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(600);
 /// A `reqwest_middleware` middleware that spends a shared budget before each request, waits its
 /// turn, and never sends a request the budget does not allow.
 ///
-/// ```
-/// use std::time::Duration;
-/// use burstgate::{Limit, MemoryStore};
-/// use burstgate::middleware::{Account, RateLimitMiddleware, Route};
-///
-/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let orders = Limit::per_minute(1)?.with_burst(10)?;
-/// let middleware = RateLimitMiddleware::new(MemoryStore::new())
-///     .route(Route::new("orders", orders, "/api/v1/supplier/orders")?)
-///     .account_header(http::header::AUTHORIZATION);
-/// let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
-///     .with(middleware)
-///     .build();
-/// # let _ = client;
-/// # Ok(())
-/// # }
-/// ```
-///
-/// # What it does per request
-///
-/// 1. Finds the first [`Route`] that matches the request (method, host, path pattern). A request
-///    no route matches passes through, or draws from the [`default_route`](Self::default_route)
-///    when one is set.
-/// 2. Finds the account that owns the budget: an [`Account`] extension on the request
-///    (`RequestBuilder::with_extension`), else the [`account_header`](Self::account_header)'s
-///    value, hashed. With neither (or with an empty one), the route's single shared bucket
-///    (key `-`) is used.
-/// 3. Reserves one token (see [`BucketStore::acquire`]) with a ceiling of
-///    [`max_wait`](Self::max_wait), by default two token periods
-///    ([`Limit::default_max_wait`]): two minutes for "1 per minute". Within the ceiling it sleeps
-///    (a tokio timer) until its turn, in arrival order with every other worker sharing the
-///    bucket, and sends. Beyond it, the request is not sent: the middleware returns a
-///    [`RateLimited`] error, the "local 429". Dropping the request future while it waits gives
-///    the reservation back, and so does dropping it while the store answers: the store call
-///    runs on a task of its own, which refunds an admission nobody is left to receive (the tower
-///    layer leaves those tokens spent instead; both follow the rule in
-///    `docs/DESIGN.md#cancellation`).
-///
-///    A request that waited asks the store once more, at its turn, whether an upstream 429
-///    drained the bucket past its slot meanwhile ([`BucketState::halts`](crate::BucketState::halts), from
-///    [`BucketStore::peek`]), in this process or any other. If so it does not send: it
-///    reserves again, behind the back-off, with what is left of its ceiling, or fails with the
-///    local 429 past it. That costs one more store call per request that waited, and none for
-///    a request sent at once. If that call fails, the request is sent, with a warning.
-/// 4. Reads the answer. A `429` from the upstream drains the shared bucket until the time the
-///    upstream gave (`X-Ratelimit-Retry`, else `Retry-After`, in seconds or as an HTTP date), so
-///    that every worker in every process backs off, not only the one that was told, and requests
-///    already waiting for their turns wait past it (step 3); without such
-///    a header, for one token period. The bucket is drained so that its next token is ready at
-///    the time the upstream gave; it never holds less than one token period, so a shorter
-///    `Retry-After` still waits one period. A malformed value is ignored and an absurd one clamped to
-///    [`max_backoff`](Self::max_backoff), each with a warning. Other `4xx` answers can be made to
-///    cost more ([`error_cost`](Self::error_cost)). The response itself is returned unchanged.
-///
-/// # Getting the local 429 back
-///
-/// It is a `reqwest_middleware::Error::Middleware` holding a [`RateLimited`]:
-///
-/// ```
-/// # use burstgate::RateLimited;
-/// fn retry_after(err: &reqwest_middleware::Error) -> Option<std::time::Duration> {
-///     match err {
-///         reqwest_middleware::Error::Middleware(e) => {
-///             e.downcast_ref::<RateLimited>().map(RateLimited::retry_after)
-///         }
-///         _ => None,
-///     }
-/// }
-/// ```
-///
-/// A store failure is a `Middleware` error holding the [`StoreError`].
-///
-/// # With retries
-///
-/// Put a retry middleware (reqwest-retry's `RetryTransientMiddleware`) *before* this one in the
-/// `ClientBuilder`, so that each retry passes through the limiter again and spends its own
-/// token; the upstream 429 this middleware has already fed back to the bucket then makes the
-/// retry wait its turn instead of hammering the API.
+/// How to set it up, what it does with each request, and how to get the local 429 back: the
+/// [module docs](crate::middleware).
 pub struct RateLimitMiddleware<St, K = SystemClock> {
     store: St,
     clock: K,

@@ -15,8 +15,8 @@ pub(crate) fn hash(hasher: &DefaultHashBuilder, key: &[u8]) -> u64 {
 /// The shard, of `count`, for a key's `hash`: the top bits of the hash times 2^64 / φ
 /// (Fibonacci hashing), which depend on every bit of the hash. The tables inside a shard use the
 /// hash's low bits (and `MemoryStore`'s new-keys table its top seven); the bits in between, taken
-/// as they are, spread keys that differ in a digit or two (`client-17`, `client-18`) unevenly,
-/// some shards getting a quarter of the mean and others over twice it.
+/// as they are, spread keys that differ in a digit or two (`client-17`, `client-18`) unevenly for
+/// some seeds of the hasher (docs/DESIGN.md#history says how unevenly).
 ///
 /// `count` must be a power of two, at least two.
 pub(crate) fn index(hash: u64, count: usize) -> usize {
@@ -47,8 +47,7 @@ mod tests {
                 per_shard.iter().copied().min().unwrap_or(0),
                 per_shard.iter().copied().max().unwrap_or(0),
             );
-            // A fair spread of 200 per shard: a binomial's few standard deviations, not the
-            // quarter-to-double of a plain bit range.
+            // A fair spread of 200 per shard: within a binomial's few standard deviations.
             assert!(min >= 120 && max <= 290, "{count} shards: {min}..={max}");
         }
     }

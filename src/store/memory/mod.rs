@@ -9,6 +9,9 @@
 //!   memory;
 //! - `key.rs`: a key as a table holds it, inline when short;
 //! - `halts.rs`: the halts of drained buckets, kept beside the buckets.
+//!
+//! How decisions and rebuilds share a table, and the invariants the code relies on:
+//! docs/DESIGN.md#memorystore.
 
 use std::fmt;
 use std::future::{Future, ready};
@@ -51,8 +54,8 @@ const MIN_SHARDS: usize = 16;
 /// front, so a bound mistyped by a few orders of magnitude must not allocate gigabytes.
 const MAX_SHARDS: usize = 1 << 16;
 
-/// The most buckets a store holds unless built with [`MemoryStore::bounded`]: some 120 MB with
-/// short keys, 230 MB with hashed ones (see the type's docs).
+/// The most buckets a store holds unless built with [`MemoryStore::bounded`] (what a bucket costs:
+/// the type's docs; what the default bound takes in all: docs/PERFORMANCE.md).
 const DEFAULT_MAX_BUCKETS: usize = 1 << 20;
 
 /// How many buckets a shard should hold at most, which sets the shard count of a large store: a
@@ -312,8 +315,8 @@ impl<C: Clock> MemoryStore<C> {
 }
 
 impl<C: Clock> BucketStore for MemoryStore<C> {
-    // The decision is a few dozen nanoseconds and its future a large value returned by copy;
-    // inlined into the caller, the copy and the call go away.
+    // The decision is short and its future a large value returned by copy; inlined into the
+    // caller, the copy and the call go away.
     #[inline]
     fn acquire(
         &self,

@@ -299,8 +299,8 @@ fn evict(kept: &mut Vec<(u64, Entry)>, most: usize) {
 
 /// Locks a shard.
 ///
-/// A spin lock, because a shard is held for a few dozen nanoseconds (longer only while it
-/// rebuilds its table): taking it is one compare-and-swap and releasing it one plain store.
+/// A spin lock, because a shard is held for the arithmetic alone (longer only while it rebuilds
+/// its table): taking it is one compare-and-swap and releasing it one plain store.
 #[inline]
 pub(super) fn lock(shard: &Spinlock<Shard>) -> SpinlockGuard<'_, Shard> {
     loop {

@@ -1,5 +1,6 @@
 //! A shard's table of buckets: never changed once made, read without the shard's lock, each
-//! bucket behind a lock of its own with the FREE/HELD/GONE protocol.
+//! bucket behind a lock of its own with the FREE/HELD/GONE protocol (see
+//! docs/DESIGN.md#table-protocol, and its invariants below it).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};

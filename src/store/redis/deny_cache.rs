@@ -1,18 +1,8 @@
 //! The local deny cache: the last state Redis showed for a bucket that denied, so that requests
 //! which that state already denies are answered here, without a round trip.
 //!
-//! Why it may only deny what Redis would deny: the cached state is what the bucket held when the
-//! script denied, and the cache decides with the same reference arithmetic the script mirrors.
-//! Until something raises the bucket in Redis above that state, the bucket in Redis holds at most
-//! what the cached state holds at any later time (admissions by any process only lower it, and
-//! refill is the same arithmetic on both sides), so a request the cached state denies, Redis would
-//! deny too. What can raise it: a refund (this process's refunds drop the entry; another process's
-//! refunds are the documented worst case), and Redis losing the bucket (a restart without
-//! persistence, `FLUSHALL`, a failover that lost the write). In those cases a request may be
-//! denied here that Redis would admit, until the cached state itself would admit it: at most the
-//! `retry_after` that Redis's own denial gave. The request let through then reaches Redis, and
-//! the entry takes the state Redis stored with its admission (or is dropped), so from then on
-//! the cache follows Redis again instead of its own refill.
+//! Why it denies only what Redis would deny, and for how long it may deny more: see
+//! docs/DESIGN.md#the-deny-cache.
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 

@@ -126,10 +126,11 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
 /// round trip, with the same `retry_after` Redis would give. When it would admit, the request
 /// goes to Redis and the kept state is charged as Redis will charge it, so that the next token
 /// draws one call to Redis, not one from every waiting request. Under a flood on one bucket
-/// this takes nearly all requests off Redis: about one call per admitted request. It denies only what Redis would deny, with one exception,
-/// the worst case: if another process refunds tokens to the bucket, or Redis loses it (a restart
-/// without persistence, `FLUSHALL`), a request here may be denied that Redis would now admit, at
-/// most until the `retry_after` of the denial that filled the cache. Refunds and drains made
+/// this takes nearly all requests off Redis: about one call per admitted request. It denies only
+/// what Redis would deny, but in three cases: if another process refunds tokens to the bucket,
+/// Redis loses it (a restart without persistence, `FLUSHALL`), or a host whose clock runs ahead
+/// of this one writes it, a request here may be denied that Redis would now admit, at most
+/// until the `retry_after` of the denial that filled the cache. Refunds and drains made
 /// through this store (or its clones) drop the cached state first. Turn it off with
 /// [`deny_cache(false)`](Self::deny_cache). It holds at most 16,384 buckets.
 ///
