@@ -37,8 +37,13 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
         }
     }
 
-    /// Feeds the upstream's answer back into the shared bucket.
-    pub(super) async fn feedback(&self, key: &BucketKey, limit: Limit, res: &Response) {
+    /// What the upstream's answer asks of the shared bucket, if anything.
+    pub(super) fn feedback(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+        res: &Response,
+    ) -> Option<Feedback> {
         let status = res.status();
         if status == StatusCode::TOO_MANY_REQUESTS {
             let told = upstream_retry(res.headers(), self.clock.now());
@@ -62,27 +67,66 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
             // header), the latest time the arithmetic knows: the store clamps to it anyway.
             let until = clock::add_or_latest(self.clock.now(), retry);
             let until = until.checked_sub(token_period(limit)).unwrap_or(until);
-            tracing::debug!(
-                bucket = key.bucket(),
-                key = %key.fingerprint(),
-                retry_ms = retry.as_millis() as u64,
-                "upstream 429: draining the shared bucket"
-            );
-            if let Err(e) = self.store.drain_until(key, limit, until).await {
-                tracing::warn!(bucket = key.bucket(), error = %e, "could not drain after a 429");
-            }
+            Some(Feedback::Drain { until, retry })
         } else if status.is_client_error() && self.config.error_cost > 1 {
-            let mut extra = self.config.error_cost - 1;
-            while extra > 0 {
-                let take = extra.min(limit.burst());
-                // A reservation with no ceiling: the tokens are owed, and later requests wait
-                // them off.
-                let owed = self.store.acquire(key, limit, take, Duration::MAX).await;
-                if let Err(e) = owed {
-                    tracing::warn!(bucket = key.bucket(), error = %e, "could not charge a 4xx");
-                    break;
+            Some(Feedback::Charge {
+                extra: self.config.error_cost - 1,
+            })
+        } else {
+            None
+        }
+    }
+}
+
+/// A change the upstream's answer asks of the shared bucket.
+pub(super) enum Feedback {
+    /// A 429: every worker backs off until `until`.
+    Drain { until: SystemTime, retry: Duration },
+    /// Another 4xx, under `error_cost`: `extra` more tokens are owed.
+    Charge { extra: u32 },
+}
+
+impl Feedback {
+    /// Writes the change to the store, on a task of its own: a caller that goes away once the
+    /// answer is in (a timeout around the request, a cancelled job) must not take the other
+    /// workers' back-off with it. Returns when the store has answered.
+    pub(super) async fn apply<St: BucketStore + Clone>(
+        self,
+        store: &St,
+        key: &BucketKey,
+        limit: Limit,
+    ) {
+        let (store, key) = (store.clone(), key.clone());
+        let task = tokio::spawn(async move { self.write(&store, &key, limit).await });
+        // The task only logs; an error here is a panic in the store, already reported by tokio.
+        let _ = task.await;
+    }
+
+    async fn write<St: BucketStore>(self, store: &St, key: &BucketKey, limit: Limit) {
+        match self {
+            Self::Drain { until, retry } => {
+                tracing::debug!(
+                    bucket = key.bucket(),
+                    key = %key.fingerprint(),
+                    retry_ms = retry.as_millis() as u64,
+                    "upstream 429: draining the shared bucket"
+                );
+                if let Err(e) = store.drain_until(key, limit, until).await {
+                    tracing::warn!(bucket = key.bucket(), error = %e, "could not drain after a 429");
                 }
-                extra -= take;
+            }
+            Self::Charge { mut extra } => {
+                while extra > 0 {
+                    let take = extra.min(limit.burst());
+                    // A reservation with no ceiling: the tokens are owed, and later requests
+                    // wait them off.
+                    let owed = store.acquire(key, limit, take, Duration::MAX).await;
+                    if let Err(e) = owed {
+                        tracing::warn!(bucket = key.bucket(), error = %e, "could not charge a 4xx");
+                        break;
+                    }
+                    extra -= take;
+                }
             }
         }
     }

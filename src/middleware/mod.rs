@@ -246,7 +246,9 @@ where
             );
         }
         let res = next.run(req, extensions).await?;
-        self.feedback(&key, limit, &res).await;
+        if let Some(feedback) = self.feedback(&key, limit, &res) {
+            feedback.apply(&self.store, &key, limit).await;
+        }
         Ok(res)
     }
 }

@@ -335,7 +335,9 @@ fn an_unbounded_max_backoff_and_a_huge_header_drain_without_overflow() {
         .expect("a runtime");
     let quota = runtime
         .block_on(async {
-            middleware.feedback(&key, limit, &answer).await;
+            if let Some(feedback) = middleware.feedback(&key, limit, &answer) {
+                feedback.apply(&store, &key, limit).await;
+            }
             store.peek(&key, limit).await
         })
         .expect("peek");
@@ -496,7 +498,9 @@ proptest! {
             .build()
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
         let quota = runtime.block_on(async {
-            middleware.feedback(&key, limit, &answer).await;
+            if let Some(feedback) = middleware.feedback(&key, limit, &answer) {
+                feedback.apply(&store, &key, limit).await;
+            }
             store.peek(&key, limit).await
         });
         let quota = quota.map_err(|e| TestCaseError::fail(e.to_string()))?;
@@ -636,4 +640,118 @@ async fn a_reservation_an_upstream_429_stops_past_its_ceiling_is_a_local_429() {
         assert_eq!(limited.bucket(), "api");
         assert!(limited.retry_after() > Duration::ZERO, "{limited:?}");
     }
+}
+
+/// Answers every request with a 429 asking for 30 s, without a network.
+struct Upstream429;
+
+#[async_trait::async_trait]
+impl reqwest_middleware::Middleware for Upstream429 {
+    async fn handle(
+        &self,
+        _req: Request,
+        _extensions: &mut Extensions,
+        _next: Next<'_>,
+    ) -> reqwest_middleware::Result<Response> {
+        let mut answer = http::Response::new(Vec::<u8>::new());
+        *answer.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+        answer
+            .headers_mut()
+            .insert("retry-after", http::HeaderValue::from_static("30"));
+        Ok(Response::from(answer))
+    }
+}
+
+/// A `MemoryStore` whose drains wait until the test lets them through, and say when one starts.
+#[derive(Clone)]
+struct HeldDrains {
+    inner: MemoryStore<ManualClock>,
+    started: Arc<tokio::sync::Notify>,
+    release: Arc<tokio::sync::Semaphore>,
+}
+
+impl BucketStore for HeldDrains {
+    async fn acquire(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+        cost: u32,
+        max_wait: Duration,
+    ) -> Result<Decision, StoreError> {
+        self.inner.acquire(key, limit, cost, max_wait).await
+    }
+
+    async fn peek(&self, key: &BucketKey, limit: Limit) -> Result<crate::BucketState, StoreError> {
+        self.inner.peek(key, limit).await
+    }
+
+    async fn refund(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+        reservation: crate::Reservation,
+    ) -> Result<(), StoreError> {
+        self.inner.refund(key, limit, reservation).await
+    }
+
+    async fn drain_until(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+        until: SystemTime,
+    ) -> Result<(), StoreError> {
+        self.started.notify_one();
+        let _permit = self.release.acquire().await;
+        self.inner.drain_until(key, limit, until).await
+    }
+}
+
+/// A caller that gives up once the upstream's 429 is in (a timeout around the request, a
+/// cancelled job) must not take the back-off with it: the drain still reaches the shared bucket,
+/// and every other worker waits.
+#[test]
+fn a_429s_back_off_survives_the_caller_going_away() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        let clock = ManualClock::new(1_000_000);
+        let store = HeldDrains {
+            inner: MemoryStore::with_clock(clock.clone()),
+            started: Arc::new(tokio::sync::Notify::new()),
+            release: Arc::new(tokio::sync::Semaphore::new(0)),
+        };
+        let limit = Limit::per_second(1)
+            .and_then(|l| l.with_burst(5))
+            .expect("a valid limit");
+        let route = Route::new("api", limit, "/").expect("a valid route");
+        let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+            .with(
+                RateLimitMiddleware::new(store.clone())
+                    .with_clock(clock.clone())
+                    .route(route),
+            )
+            .with(Upstream429)
+            .build();
+
+        let request = tokio::spawn(async move { client.get("http://upstream.test/").send().await });
+        store.started.notified().await;
+        // The answer is in and the drain under way: the caller goes away.
+        request.abort();
+        let _ = request.await;
+        store.release.add_permits(1);
+
+        let key = BucketKey::new("api", "-").expect("a valid key");
+        let mut drained = false;
+        for _ in 0..100 {
+            let state = store.inner.peek(&key, limit).await.expect("peek");
+            if state.remaining() == 0 && state.halted_until().is_some() {
+                drained = true;
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert!(drained, "the drain was lost with the caller");
+    });
 }
