@@ -43,6 +43,8 @@ mod redis;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use self::redis::{Breaker, OutagePolicy, RedisStore};
+#[cfg(feature = "redis")]
+pub use self::redis::wire;
 
 /// A place that keeps token buckets and decides on them atomically.
 ///
