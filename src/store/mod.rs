@@ -41,10 +41,10 @@ pub use memory::MemoryStore;
 #[cfg(feature = "redis")]
 mod redis;
 #[cfg(feature = "redis")]
+pub use self::redis::wire;
+#[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use self::redis::{Breaker, OutagePolicy, RedisStore};
-#[cfg(feature = "redis")]
-pub use self::redis::wire;
 
 /// A place that keeps token buckets and decides on them atomically.
 ///

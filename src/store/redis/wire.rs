@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use redis::{Cmd, Value};
 
-pub use super::script::script;
 use super::RedisStore;
+pub use super::script::script;
 use crate::bucket::{self, Outcome, Params, State};
 use crate::clock::whole_ms;
 use crate::store::{BackendError, StoreError, check_cost};
@@ -644,7 +644,10 @@ mod tests {
         assert_eq!(sent.get_packed_command(), store_sends.get_packed_command());
 
         assert_eq!(made.admitted(&state(9.0, NOW as f64), NOW).ok(), Some(true));
-        assert_eq!(made.admitted(&denial_of(0.0, NOW as f64), NOW).ok(), Some(false));
+        assert_eq!(
+            made.admitted(&denial_of(0.0, NOW as f64), NOW).ok(),
+            Some(false)
+        );
         assert!(matches!(
             made.admitted(&Value::Int(1), NOW),
             Err(StoreError::Backend(_))
