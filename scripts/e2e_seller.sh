@@ -3,7 +3,7 @@
 # bucket and call an independent HTTP server that enforces a token bucket of its own.
 #
 # It starts a private redis-server and scripts/token_bucket_server.py on free loopback ports, runs
-# CLIENTS processes of `examples/seller_client.rs` at once (TASKS concurrent tasks each, one
+# CLIENTS processes of `tools/src/seller_client.rs` at once (TASKS concurrent tasks each, one
 # account, for RUN_SECONDS), and reports what they sent, the server's 429 answers, and the budget
 # used: the requests the server admitted over the most it could have admitted,
 #
@@ -65,12 +65,12 @@ wait_for() {
     return 1
 }
 
-build_flags=(--features seller --example seller_client)
+build_flags=(-p burstgate-tools --bin seller_client)
 if [ "$PROFILE" = release ]; then
     build_flags+=(--release)
 fi
 (cd "$ROOT" && cargo build -q "${build_flags[@]}")
-CLIENT_BIN=$TARGET_DIR/$PROFILE/examples/seller_client
+CLIENT_BIN=$TARGET_DIR/$PROFILE/seller_client
 
 REDIS_PORT=$(free_port)
 redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \

@@ -24,8 +24,8 @@ for tool in redis-server redis-cli redis-benchmark; do
     fi
 done
 
-cargo build -q --release --example loadgen
-loadgen=target/release/examples/loadgen
+cargo build -q --release -p burstgate-tools --bin loadgen
+loadgen=${CARGO_TARGET_DIR:-target}/release/loadgen
 
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no >/dev/null 2>&1 &

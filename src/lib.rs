@@ -300,6 +300,15 @@ pub use redis;
 pub use store::{Breaker, OutagePolicy, RedisStore};
 pub use store::{BucketState, BucketStore, Decision, DynBucketStore, MemoryStore, Reservation};
 
+/// Not part of the stable API: anything here may change or go in any release, patch releases
+/// included. It exists for the tools of this crate's workspace (`tools/`), which speak the
+/// bucket script's wire format through the module that owns it instead of keeping a copy.
+#[cfg(feature = "redis")]
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::store::wire;
+}
+
 // The README's examples need the `redis`, `tower` and `reqwest` features to compile.
 #[doc = include_str!("../README.md")]
 #[cfg(all(doctest, feature = "redis", feature = "tower", feature = "reqwest"))]

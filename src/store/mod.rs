@@ -43,6 +43,8 @@ pub use memory::MemoryStore;
 #[cfg(feature = "redis")]
 mod redis;
 #[cfg(feature = "redis")]
+pub use self::redis::wire;
+#[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use self::redis::{Breaker, OutagePolicy, RedisStore};
 

@@ -102,7 +102,7 @@ const MAX_BUCKETS_PER_SHARD: usize = 4_096;
 /// header-keyed rule under attack) therefore costs a bounded amount of memory, and over-admits
 /// only the keys it pushes out, each by less than its burst. A bucket costs its 64-byte slot, a
 /// 4-byte index entry with room to spare, and, for a key longer than 30 bytes (a hashed key is
-/// the bucket name and 65 more), the key on the heap; `examples/memory_flood.rs` prints what a
+/// the bucket name and 65 more), the key on the heap; `tools/src/memory_flood.rs` prints what a
 /// flood costs. The bound counts the buckets of the current tables; a thread that decided on the
 /// store and then went idle keeps the tables it last saw (see below), so in the worst case,
 /// right after a flood, memory reaches the bound's worth once more for each such thread.

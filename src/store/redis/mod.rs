@@ -30,7 +30,7 @@ mod deny_cache;
 mod outage;
 mod reconnect;
 mod script;
-mod wire;
+pub mod wire;
 
 use deny_cache::{Check, DenyCache};
 use outage::Circuit;

@@ -17,8 +17,8 @@ const SOURCE: &str = include_str!("bucket.lua");
 /// The error code the script answers a stored value with that no script could have written.
 pub(super) const CORRUPT_CODE: &str = "BURSTGATE_CORRUPT";
 
-/// The script, shared by every store in the process: its SHA-1 is computed once.
-pub(super) fn script() -> &'static redis::Script {
+/// The bucket script, shared by every store in the process: its SHA-1 is computed once.
+pub fn script() -> &'static redis::Script {
     static SCRIPT: std::sync::OnceLock<redis::Script> = std::sync::OnceLock::new();
     SCRIPT.get_or_init(|| redis::Script::new(SOURCE))
 }

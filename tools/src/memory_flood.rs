@@ -8,7 +8,7 @@
 //! optimized, with the bound in buckets as the argument (default 2,000,000):
 //!
 //! ```text
-//! cargo run --release --example memory_flood -- 2000000
+//! cargo run --release -p burstgate-tools --bin memory_flood -- 2000000
 //! ```
 
 use std::num::NonZeroUsize;
@@ -18,13 +18,19 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use burstgate::{BucketKey, BucketStore, Limit, MemoryStore, SystemClock};
+use clap::Parser;
+
+/// A flood of made-up keys against a bounded MemoryStore.
+#[derive(Parser)]
+#[command(name = "memory_flood")]
+struct Args {
+    /// The store's bound, in buckets.
+    #[arg(default_value_t = NonZeroUsize::new(2_000_000).expect("not zero"))]
+    bound: NonZeroUsize,
+}
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let bound: usize = match std::env::args().nth(1) {
-        Some(arg) => arg.parse()?,
-        None => 2_000_000,
-    };
-    let bound = NonZeroUsize::new(bound).ok_or("the bound must be above zero")?;
+    let bound = Args::parse().bound;
     let store = MemoryStore::bounded(bound, SystemClock);
     let limit = Limit::per_hour(5)?.with_burst(5)?;
     let rss_before = rss_kib();

@@ -10,7 +10,7 @@
 //! `Authorization` header, so every process sending the same token spends the same bucket.
 //!
 //! ```sh
-//! REDIS_URL=redis://127.0.0.1:6380/ cargo run --features seller --example seller_client -- \
+//! REDIS_URL=redis://127.0.0.1:6380/ cargo run -p burstgate-tools --bin seller_client -- \
 //!     --url http://127.0.0.1:8080/api/v1/supplier/orders --token 'Bearer e2e' --seconds 10 \
 //!     --interval-ms 500 --burst 10 --margin-ms 10 --prefix e2e-1
 //! ```
@@ -31,64 +31,53 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use burstgate::middleware::{RateLimitMiddleware, Route};
 use burstgate::seller::{self, Group};
-use burstgate::{Limit, RateLimited, RedisStore};
+use burstgate::{Limit, RateLimited, RedisStore, redis};
+use clap::Parser;
+use clap::builder::NonEmptyStringValueParser;
 use http::Extensions;
 use reqwest::StatusCode;
 use reqwest::header::AUTHORIZATION;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
 use tokio::time::Instant;
 
-const USAGE: &str = "usage: seller_client --url URL --token TOKEN [--seconds 10] [--tasks 16] \
-                     [--interval-ms 500] [--burst 10] [--margin-ms 10] [--prefix burstgate-e2e]  \
-                     (REDIS_URL names the Redis)";
-
+/// One client process of scripts/e2e_seller.sh: tasks calling one rate-limited endpoint for
+/// one account through RateLimitMiddleware on a shared RedisStore. REDIS_URL names the Redis.
+#[derive(Parser)]
+#[command(name = "seller_client")]
 struct Args {
+    /// The endpoint to call.
+    #[arg(long, value_parser = NonEmptyStringValueParser::new())]
     url: String,
+    /// Sent as the Authorization header: the account.
+    #[arg(long, value_parser = NonEmptyStringValueParser::new())]
     token: String,
+    /// Length of the run.
+    #[arg(long, default_value_t = 10.0, value_parser = positive_seconds)]
     seconds: f64,
-    tasks: usize,
+    /// Concurrent tasks.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..))]
+    tasks: u64,
+    /// The server's limit: one token per this many milliseconds.
+    #[arg(long, default_value_t = 500)]
     interval_ms: u64,
+    /// The server's burst.
+    #[arg(long, default_value_t = 10)]
     burst: u32,
+    /// The margin kept per token, in milliseconds.
+    #[arg(long, default_value_t = 10)]
     margin_ms: u64,
+    /// The Redis key prefix; the same for every process of one run.
+    #[arg(long, default_value = "burstgate-e2e")]
     prefix: String,
 }
 
-fn parse_args() -> Result<Args, String> {
-    let mut args = Args {
-        url: String::new(),
-        token: String::new(),
-        seconds: 10.0,
-        tasks: 16,
-        interval_ms: 500,
-        burst: 10,
-        margin_ms: 10,
-        prefix: "burstgate-e2e".to_owned(),
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let value = it
-            .next()
-            .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))?;
-        let bad = |e: &dyn std::fmt::Display| format!("{flag} {value}: {e}\n{USAGE}");
-        match flag.as_str() {
-            "--url" => args.url = value,
-            "--token" => args.token = value,
-            "--seconds" => args.seconds = value.parse().map_err(|e| bad(&e))?,
-            "--tasks" => args.tasks = value.parse().map_err(|e| bad(&e))?,
-            "--interval-ms" => args.interval_ms = value.parse().map_err(|e| bad(&e))?,
-            "--burst" => args.burst = value.parse().map_err(|e| bad(&e))?,
-            "--margin-ms" => args.margin_ms = value.parse().map_err(|e| bad(&e))?,
-            "--prefix" => args.prefix = value,
-            _ => return Err(format!("unknown option {flag}\n{USAGE}")),
-        }
+fn positive_seconds(value: &str) -> Result<f64, String> {
+    let s: f64 = value.parse().map_err(|e| format!("{e}"))?;
+    if s.is_finite() && s > 0.0 {
+        Ok(s)
+    } else {
+        Err("must be above zero".into())
     }
-    if args.url.is_empty() || args.token.is_empty() {
-        return Err(format!("--url and --token are required\n{USAGE}"));
-    }
-    if !(args.seconds.is_finite() && args.seconds > 0.0) || args.tasks == 0 {
-        return Err(format!("--seconds and --tasks must be above zero\n{USAGE}"));
-    }
-    Ok(args)
 }
 
 /// What this process saw.
@@ -103,13 +92,7 @@ struct Counts {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn Error>> {
-    let args = match parse_args() {
-        Ok(args) => args,
-        Err(e) => {
-            eprintln!("{e}");
-            std::process::exit(2);
-        }
-    };
+    let args = Args::parse();
     let redis_url = std::env::var("REDIS_URL").map_err(|_| "REDIS_URL must name the Redis")?;
     let path = reqwest::Url::parse(&args.url)?.path().to_owned();
 

@@ -9,9 +9,14 @@
 //! asks until it is refused, sleeps exactly `Retry-After` seconds, and retries once: that retry
 //! must be admitted.
 //!
+//! It uses nothing of burstgate on purpose. It is the independent side of the check: what it
+//! expects (the count a token bucket admits, the headers a refusal carries) is worked out here
+//! from the limit alone and read off the wire with its own parser, so that a mistake in the
+//! crate's arithmetic or header formatting cannot also be in the check and pass it.
+//!
 //! ```sh
 //! BIND=127.0.0.1:3000 cargo run --release --example axum_server --features tower &
-//! cargo run --release --example flood --features tower -- --clients 64 --seconds 3
+//! cargo run --release -p burstgate-tools --bin flood -- --clients 64 --seconds 3
 //! ```
 //!
 //! Options (each also read from the environment variable in capitals, the flag winning):
@@ -24,13 +29,14 @@
 //! request failed. Plain HTTP only; the requests go to `--url` and nowhere else.
 
 use std::collections::BTreeMap;
-use std::env;
 use std::error::Error;
 use std::fmt::Write as _;
 use std::process;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use clap::Parser;
+use clap::builder::NonEmptyStringValueParser;
 use reqwest::header::HeaderMap;
 use reqwest::{Client, StatusCode};
 
@@ -40,29 +46,35 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// How many header violations are printed (all are counted).
 const SHOWN_VIOLATIONS: usize = 5;
 
-const USAGE: &str =
-    "usage: flood [--clients N] [--seconds S] [--url URL] [--key KEY] [--rate R] [--burst B]
-  (or the environment variables CLIENTS, SECONDS, URL, KEY, RATE, BURST)";
-
-#[derive(Debug, Clone)]
+/// Floods a server limited per x-api-key with one key and checks what it admitted and how it
+/// refused. Each option may also be set by the environment variable in capitals; the flag wins.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "flood")]
 struct Args {
+    /// Concurrent clients, from 1 to 10000.
+    #[arg(long, env = "CLIENTS", default_value_t = 64, value_parser = clients)]
     clients: usize,
+    /// Length of the flood, above 0 and at most 3600.
+    #[arg(long, env = "SECONDS", default_value_t = 3.0, value_parser = seconds)]
     seconds: f64,
+    /// The server, plain http:// only.
+    #[arg(long, env = "URL", default_value = "http://127.0.0.1:3000/", value_parser = plain_http)]
     url: String,
+    /// The API key; by default a new one per run, so that the bucket starts full.
+    #[arg(long, env = "KEY", default_value_t = new_key(), hide_default_value = true,
+          value_parser = NonEmptyStringValueParser::new())]
     key: String,
+    /// The server's rate per second (its RATE).
+    #[arg(long, env = "RATE", default_value_t = 10, value_parser = at_least_one)]
     rate: u32,
+    /// The server's burst (its BURST).
+    #[arg(long, env = "BURST", default_value_t = 10, value_parser = at_least_one)]
     burst: u32,
 }
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn Error>> {
-    let args = match parse_args() {
-        Ok(args) => args,
-        Err(e) => {
-            eprintln!("flood: {e}\n{USAGE}");
-            process::exit(2);
-        }
-    };
+    let args = Args::parse();
     println!(
         "flood: {} clients for {} s on {} with key {:?}, expecting {} per second, burst {}",
         args.clients, args.seconds, args.url, args.key, args.rate, args.burst
@@ -508,85 +520,42 @@ fn error_chain(e: &dyn Error) -> String {
     out
 }
 
-/// Flags win over environment variables, which win over the defaults.
-fn parse_args() -> Result<Args, String> {
-    let mut settings: BTreeMap<&'static str, String> = BTreeMap::new();
-    for name in ["clients", "seconds", "url", "key", "rate", "burst"] {
-        match env::var(name.to_uppercase()) {
-            Ok(v) => {
-                settings.insert(name, v);
-            }
-            Err(env::VarError::NotPresent) => {}
-            Err(env::VarError::NotUnicode(_)) => {
-                return Err(format!("{} is not valid UTF-8", name.to_uppercase()));
-            }
-        }
-    }
-    let mut argv = env::args().skip(1);
-    while let Some(flag) = argv.next() {
-        if flag == "--help" || flag == "-h" {
-            println!("{USAGE}");
-            process::exit(0);
-        }
-        let name = match flag.as_str() {
-            "--clients" => "clients",
-            "--seconds" => "seconds",
-            "--url" => "url",
-            "--key" => "key",
-            "--rate" => "rate",
-            "--burst" => "burst",
-            _ => return Err(format!("unknown argument {flag:?}")),
-        };
-        let value = argv.next().ok_or_else(|| format!("{flag} needs a value"))?;
-        settings.insert(name, value);
-    }
+fn clients(value: &str) -> Result<usize, String> {
+    value
+        .parse()
+        .ok()
+        .filter(|n| (1..=10_000).contains(n))
+        .ok_or_else(|| "must be a whole number from 1 to 10000".into())
+}
 
-    let get = |name: &str| settings.get(name).map(String::as_str);
-    let clients = match get("clients") {
-        Some(v) => v
-            .parse()
-            .ok()
-            .filter(|n| (1..=10_000).contains(n))
-            .ok_or_else(|| format!("clients must be a whole number from 1 to 10000, got {v:?}"))?,
-        None => 64,
-    };
-    let seconds = match get("seconds") {
-        Some(v) => v
-            .parse::<f64>()
-            .ok()
-            .filter(|s| *s > 0.0 && *s <= 3600.0)
-            .ok_or_else(|| format!("seconds must be above 0 and at most 3600, got {v:?}"))?,
-        None => 3.0,
-    };
-    let url = get("url").unwrap_or("http://127.0.0.1:3000/").to_owned();
-    if !url.starts_with("http://") {
-        return Err(format!("url must be plain http://, got {url:?}"));
+fn seconds(value: &str) -> Result<f64, String> {
+    value
+        .parse::<f64>()
+        .ok()
+        .filter(|s| *s > 0.0 && *s <= 3600.0)
+        .ok_or_else(|| "must be above 0 and at most 3600".into())
+}
+
+fn plain_http(value: &str) -> Result<String, String> {
+    if value.starts_with("http://") {
+        Ok(value.to_owned())
+    } else {
+        Err("must be plain http://".into())
     }
-    let key = match get("key") {
-        Some("") => return Err("key must not be empty".into()),
-        Some(k) => k.to_owned(),
-        None => {
-            // A new key per run, so the bucket starts full.
-            let ms = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis());
-            format!("flood-{}-{ms}", process::id())
-        }
-    };
-    let positive = |name: &str, default: u32| match get(name) {
-        Some(v) => v
-            .parse::<u32>()
-            .ok()
-            .filter(|n| *n >= 1)
-            .ok_or_else(|| format!("{name} must be a whole number of at least 1, got {v:?}")),
-        None => Ok(default),
-    };
-    Ok(Args {
-        clients,
-        seconds,
-        url,
-        key,
-        rate: positive("rate", 10)?,
-        burst: positive("burst", 10)?,
-    })
+}
+
+fn at_least_one(value: &str) -> Result<u32, String> {
+    value
+        .parse::<u32>()
+        .ok()
+        .filter(|n| *n >= 1)
+        .ok_or_else(|| "must be a whole number of at least 1".into())
+}
+
+/// A key no earlier run used, so that the bucket starts full.
+fn new_key() -> String {
+    let ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    format!("flood-{}-{ms}", process::id())
 }

@@ -12,7 +12,7 @@
 //!
 //! ```sh
 //! redis-server --port 6390 --save '' --appendonly no --daemonize no &
-//! cargo run --release --example loadgen -- --url redis://127.0.0.1:6390/ \
+//! cargo run --release -p burstgate-tools --bin loadgen -- --url redis://127.0.0.1:6390/ \
 //!     --concurrency 64 --keys 10000 --seconds 5 --deny 0.0
 //! ```
 //!
@@ -30,14 +30,16 @@
 //!   that Redis and the client serve in turn; `--buffer 50` is redis-rs's own default, under
 //!   which all the tasks move as one group. See "Redis speed" in docs/PERFORMANCE.md.
 //! - `--raw`: the same script and keys through redis-rs alone, with no store in between: what
-//!   the store adds on the client.
+//!   the store adds on the client. The command and the reading of its reply are the store's
+//!   own (`burstgate::__private::wire`), so that this mode can never drift from the format the
+//!   script speaks.
 //! - `--pipeline P`: the same script and keys the way `redis-benchmark -c C -P P` drives a
 //!   command: each of the C tasks has a TCP connection of its own and keeps P calls in flight,
-//!   written and read by hand. `--pipeline 1` is the figure to compare with `redis-benchmark
-//!   -P 1`, and `--pipeline 16` is the ceiling of this Redis for the script. (`redis-benchmark`
-//!   itself cannot send the script's argument: it is 56 bytes of packed doubles, and
-//!   `redis-benchmark` cuts every argument at its first zero byte.) It needs database 0 of a
-//!   Redis with no password.
+//!   the store's own commands written by the batch and the replies framed by hand.
+//!   `--pipeline 1` is the figure to compare with `redis-benchmark -P 1`, and `--pipeline 16` is
+//!   the ceiling of this Redis for the script. (`redis-benchmark` itself cannot send the
+//!   script's argument: it is 72 bytes of packed doubles, and `redis-benchmark` cuts every
+//!   argument at its first zero byte.) It needs database 0 of a Redis with no password.
 //! - `--deny-cache`: turns the store's local deny cache on. It is off by default here, so that
 //!   every decision measures the script.
 //! - `--flood N`: every decision on one key limited to N per second with a burst of N, instead
@@ -45,7 +47,7 @@
 //!   mostly in this process:
 //!
 //! ```sh
-//! cargo run --release --example loadgen -- --url redis://127.0.0.1:6390/ \
+//! cargo run --release -p burstgate-tools --bin loadgen -- --url redis://127.0.0.1:6390/ \
 //!     --concurrency 64 --flood 1000 --deny-cache
 //! ```
 //!
@@ -72,7 +74,7 @@
 //! for c in 1 16 64 256; do
 //!   for mode in "--pipeline 1" "--pipeline 16" "--threads 1" "--threads 1 --buffer 50" \
 //!       "--threads 1 --raw"; do
-//!     cargo run -q --release --example loadgen -- --url redis://127.0.0.1:6390/ \
+//!     cargo run -q --release -p burstgate-tools --bin loadgen -- --url redis://127.0.0.1:6390/ \
 //!         --concurrency $c --seconds 3 $mode
 //!   done
 //! done
@@ -82,34 +84,63 @@ use std::error::Error;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use burstgate::__private::wire::{self, Acquire};
+use burstgate::redis::aio::MultiplexedConnection;
+use burstgate::redis::{self, AsyncConnectionConfig, Value};
 use burstgate::{BucketKey, BucketStore, Limit, RedisStore};
-use redis::AsyncConnectionConfig;
-use redis::aio::MultiplexedConnection;
-
-const USAGE: &str = "usage: loadgen --url redis://HOST:PORT/ [--concurrency 64] [--keys 10000] \
-                     [--seconds 5] [--warmup-seconds 1] [--deny 0.0] [--prefix P] \
-                     [--deny-cache] [--flood PER_SECOND] [--raw] [--pipeline P] [--threads N] \
-                     [--buffer N]  \
-                     (REDIS_URL may name the Redis instead of --url)";
+use clap::builder::NonEmptyStringValueParser;
+use clap::{CommandFactory, Parser};
 
 /// Generous, so that a loaded Redis shows up as latency rather than as errors.
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
 
 type BoxError = Box<dyn Error + Send + Sync>;
 
+/// Decisions per second, latency and Redis CPU time per call of a RedisStore shared by many
+/// tasks, or of its script driven other ways.
+#[derive(Parser)]
+#[command(name = "loadgen")]
 struct Args {
+    /// The Redis to run on; required, so that a shared Redis is never written to by accident.
+    #[arg(long, env = "REDIS_URL", value_parser = NonEmptyStringValueParser::new())]
     url: String,
+    /// Tasks taking decisions at once.
+    #[arg(long, default_value_t = 64, value_parser = at_least_one)]
     concurrency: usize,
+    /// Keys, the allow and deny sets together.
+    #[arg(long, default_value_t = 10_000)]
     keys: usize,
+    /// Length of the measured run.
+    #[arg(long, default_value_t = 5.0, value_parser = positive_seconds)]
     seconds: f64,
+    /// Length of the run before it, not measured.
+    #[arg(long, default_value_t = 1.0, value_parser = seconds_or_zero)]
     warmup_seconds: f64,
+    /// Fraction of the decisions that go to the deny set, from 0.0 to 1.0.
+    #[arg(long, default_value_t = 0.0, value_parser = fraction)]
     deny: f64,
-    prefix: String,
+    /// Key prefix; by default loadgen-<pid>-<ms>, new on every run, so the deny set starts from
+    /// buckets this run emptied.
+    #[arg(long)]
+    prefix: Option<String>,
+    /// Turns the store's deny cache on (off here, so that every decision measures the script).
+    #[arg(long)]
     deny_cache: bool,
+    /// Every decision on one key limited to PER_SECOND per second with a burst of as many.
+    #[arg(long, value_name = "PER_SECOND")]
     flood: Option<u32>,
+    /// The same script and keys through redis-rs alone, with no store in between.
+    #[arg(long)]
     raw: bool,
-    threads: usize,
+    /// The script as `redis-benchmark -P P` drives a command: a connection per task, P calls in
+    /// flight on each.
+    #[arg(long, value_name = "P", value_parser = at_least_one)]
     pipeline: Option<usize>,
+    /// Tokio worker threads; 0 for one per core, 1 for a current-thread runtime.
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+    /// redis-rs's pipeline buffer; half of --concurrency (at least 1) by default.
+    #[arg(long, value_name = "N", value_parser = at_least_one)]
     buffer: Option<usize>,
 }
 
@@ -118,93 +149,66 @@ impl Args {
     fn buffer(&self) -> usize {
         self.buffer.unwrap_or((self.concurrency / 2).max(1))
     }
+
+    /// `--prefix`, or one no earlier run used.
+    fn prefix(&self) -> String {
+        self.prefix.clone().unwrap_or_else(|| {
+            let millis = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis());
+            format!("loadgen-{}-{millis}", std::process::id())
+        })
+    }
 }
 
-fn parse_args() -> Result<Args, String> {
-    let millis = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis());
-    let mut args = Args {
-        url: std::env::var("REDIS_URL").unwrap_or_default(),
-        concurrency: 64,
-        keys: 10_000,
-        seconds: 5.0,
-        warmup_seconds: 1.0,
-        deny: 0.0,
-        deny_cache: false,
-        flood: None,
-        raw: false,
-        threads: 0,
-        pipeline: None,
-        buffer: None,
-        prefix: format!("loadgen-{}-{millis}", std::process::id()),
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        if flag == "--help" || flag == "-h" {
-            return Err(USAGE.into());
-        }
-        if flag == "--deny-cache" {
-            args.deny_cache = true;
-            continue;
-        }
-        if flag == "--raw" {
-            args.raw = true;
-            continue;
-        }
-        let (name, value) = match flag.split_once('=') {
-            Some((name, value)) => (name.to_owned(), value.to_owned()),
-            None => {
-                let value = it
-                    .next()
-                    .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))?;
-                (flag, value)
-            }
-        };
-        let bad = |e: &dyn std::fmt::Display| format!("{name} {value:?}: {e}\n{USAGE}");
-        match name.as_str() {
-            "--url" => args.url = value.clone(),
-            "--concurrency" => args.concurrency = value.parse().map_err(|e| bad(&e))?,
-            "--keys" => args.keys = value.parse().map_err(|e| bad(&e))?,
-            "--seconds" => args.seconds = value.parse().map_err(|e| bad(&e))?,
-            "--warmup-seconds" => args.warmup_seconds = value.parse().map_err(|e| bad(&e))?,
-            "--deny" => args.deny = value.parse().map_err(|e| bad(&e))?,
-            "--prefix" => args.prefix = value.clone(),
-            "--flood" => args.flood = Some(value.parse().map_err(|e| bad(&e))?),
-            "--threads" => args.threads = value.parse().map_err(|e| bad(&e))?,
-            "--buffer" => args.buffer = Some(value.parse().map_err(|e| bad(&e))?),
-            "--pipeline" => args.pipeline = Some(value.parse().map_err(|e| bad(&e))?),
-            _ => return Err(format!("unknown option {name}\n{USAGE}")),
-        }
+fn at_least_one(value: &str) -> Result<usize, String> {
+    match value.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
     }
-    if args.url.is_empty() {
-        return Err(format!("--url (or REDIS_URL) is required\n{USAGE}"));
+}
+
+fn positive_seconds(value: &str) -> Result<f64, String> {
+    let s: f64 = value.parse().map_err(|e| format!("{e}"))?;
+    if s > 0.0 && s.is_finite() {
+        Ok(s)
+    } else {
+        Err("must be a positive number".into())
     }
-    if args.pipeline == Some(0) {
-        return Err("--pipeline must be at least 1".into());
+}
+
+fn seconds_or_zero(value: &str) -> Result<f64, String> {
+    let s: f64 = value.parse().map_err(|e| format!("{e}"))?;
+    if s >= 0.0 && s.is_finite() {
+        Ok(s)
+    } else {
+        Err("must be zero or more".into())
     }
-    if args.concurrency == 0 {
-        return Err("--concurrency must be at least 1".into());
+}
+
+fn fraction(value: &str) -> Result<f64, String> {
+    let f: f64 = value.parse().map_err(|e| format!("{e}"))?;
+    if (0.0..=1.0).contains(&f) {
+        Ok(f)
+    } else {
+        Err("must be between 0.0 and 1.0".into())
     }
-    if args.buffer == Some(0) {
-        return Err("--buffer must be at least 1".into());
-    }
-    if !(0.0..=1.0).contains(&args.deny) {
-        return Err("--deny must be between 0.0 and 1.0".into());
-    }
+}
+
+fn parse_args() -> Args {
+    let args = Args::parse();
+    // Each set in use needs a key of its own.
     let sets_needed = 1 + usize::from(args.deny > 0.0 && args.deny < 1.0);
     if args.keys < sets_needed {
-        return Err(format!(
-            "--keys must be at least {sets_needed} for this --deny"
-        ));
+        Args::command()
+            .error(
+                clap::error::ErrorKind::ValueValidation,
+                format!("--keys must be at least {sets_needed} for this --deny"),
+            )
+            .exit();
     }
-    if !(args.seconds > 0.0 && args.seconds.is_finite()) {
-        return Err("--seconds must be a positive number".into());
-    }
-    if !(args.warmup_seconds >= 0.0 && args.warmup_seconds.is_finite()) {
-        return Err("--warmup-seconds must be zero or more".into());
-    }
-    Ok(args)
+    args
 }
 
 /// The keys and limits a run spends.
@@ -419,7 +423,6 @@ impl Tally {
     }
 }
 
-/// One task: decisions back to back until `deadline`.
 /// What takes the decisions: the store, or (`--raw`) the same script through redis-rs alone.
 #[derive(Clone)]
 enum Driver {
@@ -427,13 +430,11 @@ enum Driver {
     Raw {
         store: RedisStore<MultiplexedConnection>,
         conn: MultiplexedConnection,
-        sha: Arc<str>,
     },
     /// `--pipeline`: connections of its own, see [`pipelined_worker`].
     Pipelined {
         store: RedisStore<MultiplexedConnection>,
         addr: (String, u16),
-        sha: Arc<str>,
         depth: usize,
     },
 }
@@ -447,69 +448,29 @@ impl Driver {
                 .await?
                 .is_admitted()),
             Self::Pipelined { .. } => Err("a pipelined driver runs its own loop".into()),
-            Self::Raw { store, conn, sha } => {
-                // What a hand-written client of the script does: format the key, pack the
-                // arguments, send EVALSHA, read the first number of the reply.
-                let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as u64;
-                let reply: redis::Value = redis::cmd("EVALSHA")
-                    .arg(&**sha)
-                    .arg(1)
-                    .arg(store.redis_key(key))
-                    .arg(&pack_args(now, limit)[..])
-                    .query_async(conn)
-                    .await?;
-                match reply {
-                    redis::Value::BulkString(bytes) => allowed(&bytes),
-                    // The stored value alone: a denial with no wait allowed.
-                    redis::Value::Array(_) => Ok(false),
-                    other => Err(format!("unexpected reply {other:?}").into()),
-                }
+            Self::Raw { store, conn } => {
+                // What a client of the script does with no store around it: the store's own
+                // command, sent as it is, and its reply read as the store reads it.
+                let acquire = Acquire::new(limit, 1, Duration::ZERO)?;
+                let now = now_ms()?;
+                let reply: Value = acquire.command(store, key, now).query_async(conn).await?;
+                Ok(acquire.admitted(&reply, now)?)
             }
         }
     }
 }
 
-/// The script's one argument for an acquire of cost 1 with no wait: seven little-endian `f64`s,
-/// op (1, acquire), now, tokens, interval in ms, burst, cost, max wait.
-fn pack_args(now: u64, limit: Limit) -> [u8; 56] {
-    let values = [
-        1.0,
-        now as f64,
-        f64::from(limit.tokens()),
-        limit.interval().as_millis() as f64,
-        f64::from(limit.burst()),
-        1.0,
-        0.0,
-    ];
-    let mut packed = [0; 56];
-    for (chunk, v) in packed.chunks_exact_mut(8).zip(values) {
-        chunk.copy_from_slice(&v.to_le_bytes());
-    }
-    packed
-}
-
-/// Whether the script's string reply admitted: the 24-byte stored state after an admission with
-/// no wait, otherwise four little-endian `f64`s, the first 1 for an admission, then the stored
-/// state on a denial. (A denial with no wait allowed, which is every denial here, is an array
-/// instead.)
-fn allowed(reply: &[u8]) -> Result<bool, BoxError> {
-    if reply.len() == 24 {
-        return Ok(true);
-    }
-    match reply.first_chunk::<8>().map(|b| f64::from_le_bytes(*b)) {
-        Some(1.0) => Ok(true),
-        Some(0.0) => Ok(false),
-        _ => Err(format!("unexpected reply {reply:?}").into()),
-    }
+/// The wall clock in milliseconds since the Unix epoch, as the store's clock reads it.
+fn now_ms() -> Result<u64, BoxError> {
+    Ok(SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as u64)
 }
 
 /// `--pipeline P`: what `redis-benchmark -P P` measures, for this script's own command: each of
 /// the `concurrency` tasks has a TCP connection of its own, writes P calls at once and reads
-/// the P replies, with the RESP written and read by hand so the client costs as little as it
-/// can. The rate it reaches is the ceiling of this Redis for the script.
+/// the P replies, with the RESP framing done by hand so the client costs as little as it can.
+/// The rate it reaches is the ceiling of this Redis for the script.
 async fn pipelined_worker(
     addr: (String, u16),
-    sha: Arc<str>,
     store: RedisStore<MultiplexedConnection>,
     work: Arc<Workload>,
     depth: usize,
@@ -529,24 +490,14 @@ async fn pipelined_worker(
     while start < deadline {
         out.clear();
         expected.clear();
-        let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as u64;
+        let now = now_ms()?;
         for _ in 0..depth {
             let (key, limit, should_deny) = work.pick(&mut rng);
-            let key = store.redis_key(key);
-            let packed = pack_args(now, limit);
-            out.extend_from_slice(b"*5\r\n");
-            for arg in [
-                b"EVALSHA".as_slice(),
-                sha.as_bytes(),
-                b"1",
-                key.as_bytes(),
-                &packed,
-            ] {
-                out.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
-                out.extend_from_slice(arg);
-                out.extend_from_slice(b"\r\n");
-            }
-            expected.push(should_deny);
+            let acquire = Acquire::new(limit, 1, Duration::ZERO)?;
+            acquire
+                .command(&store, key, now)
+                .write_packed_command(&mut out);
+            expected.push((acquire, should_deny));
         }
         stream.write_all(&out).await?;
         let mut read = 0;
@@ -556,7 +507,10 @@ async fn pipelined_worker(
             match next_reply(&input[read..])? {
                 Some((reply, used)) => {
                     read += used;
-                    tally.count(reply, expected[parsed]);
+                    let (acquire, should_deny) = expected[parsed];
+                    let answer = reply
+                        .and_then(|reply| acquire.admitted(&reply, now).map_err(|e| e.to_string()));
+                    tally.count(answer, should_deny);
                     parsed += 1;
                 }
                 None => {
@@ -578,12 +532,11 @@ async fn pipelined_worker(
     Ok(tally)
 }
 
-/// One reply (whether it admitted, or an error's text) and the bytes it took.
-type Parsed = (Result<bool, String>, usize);
+/// One reply (the value, or an error's text) and the bytes it took.
+type Parsed = (Result<Value, String>, usize);
 
-/// The first RESP reply in `buf`, if it is all there: whether it admitted (see [`allowed`]; an
-/// array of one, the stored value, is a denial with no wait allowed) or an error's text, and
-/// how many bytes it took.
+/// The first RESP reply in `buf`, if it is all there, and how many bytes it took. Only the
+/// shapes the script answers with are read: a bulk string, an array of them, and an error.
 fn next_reply(buf: &[u8]) -> Result<Option<Parsed>, BoxError> {
     let Some(eol) = buf.windows(2).position(|w| w == b"\r\n") else {
         return Ok(None);
@@ -596,10 +549,24 @@ fn next_reply(buf: &[u8]) -> Result<Option<Parsed>, BoxError> {
             if buf.len() < end {
                 return Ok(None);
             }
-            Ok(Some((Ok(allowed(&buf[eol + 2..eol + 2 + len])?), end)))
+            let bytes = buf[eol + 2..eol + 2 + len].to_vec();
+            Ok(Some((Ok(Value::BulkString(bytes)), end)))
         }
-        Some(b'*') if line == b"1" => {
-            Ok(next_reply(&buf[eol + 2..])?.map(|(_, used)| (Ok(false), eol + 2 + used)))
+        Some(b'*') => {
+            let n: usize = std::str::from_utf8(line)?.parse()?;
+            let mut used = eol + 2;
+            let mut items = Vec::with_capacity(n);
+            for _ in 0..n {
+                match next_reply(&buf[used..])? {
+                    Some((Ok(item), len)) => {
+                        items.push(item);
+                        used += len;
+                    }
+                    Some((Err(_), _)) => return Err("an error inside an array".into()),
+                    None => return Ok(None),
+                }
+            }
+            Ok(Some((Ok(Value::Array(items)), used)))
         }
         Some(b'-') => Ok(Some((
             Err(String::from_utf8_lossy(line).into_owned()),
@@ -613,6 +580,7 @@ fn next_reply(buf: &[u8]) -> Result<Option<Parsed>, BoxError> {
     }
 }
 
+/// One task: decisions back to back until `deadline`.
 async fn worker(mut driver: Driver, work: Arc<Workload>, seed: u64, deadline: Instant) -> Tally {
     let mut rng = Rng::new(seed);
     let mut tally = Tally::new();
@@ -643,14 +611,9 @@ async fn round(
             let seed = seed.wrapping_add(t as u64);
             let work = Arc::clone(work);
             match driver.clone() {
-                Driver::Pipelined {
-                    store,
-                    addr,
-                    sha,
-                    depth,
-                } => tokio::spawn(pipelined_worker(
-                    addr, sha, store, work, depth, seed, deadline,
-                )),
+                Driver::Pipelined { store, addr, depth } => {
+                    tokio::spawn(pipelined_worker(addr, store, work, depth, seed, deadline))
+                }
                 driver => tokio::spawn(async move {
                     Ok::<_, BoxError>(worker(driver, work, seed, deadline).await)
                 }),
@@ -730,13 +693,7 @@ async fn evalsha_stats(conn: &mut MultiplexedConnection) -> Result<(u64, u64), B
 }
 
 fn main() -> Result<(), BoxError> {
-    let args = match parse_args() {
-        Ok(args) => args,
-        Err(message) => {
-            eprintln!("{message}");
-            std::process::exit(2);
-        }
-    };
+    let args = parse_args();
     let runtime = match args.threads {
         1 => tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -760,19 +717,15 @@ async fn run(args: Args) -> Result<(), BoxError> {
         .get_multiplexed_async_connection_with_config(&config)
         .await?;
     let store = RedisStore::new(conn.clone())
-        .prefix(&args.prefix)?
+        .prefix(&args.prefix())?
         .timeout(RESPONSE_TIMEOUT)
         .deny_cache(args.deny_cache);
     let work = Arc::new(Workload::new(args.keys, args.deny, args.flood)?);
 
     drain_deny_set(&store, &work, args.concurrency).await?;
     let driver = if args.raw || args.pipeline.is_some() {
-        let sha: String = redis::cmd("SCRIPT")
-            .arg("LOAD")
-            .arg(include_str!("../src/store/redis/bucket.lua"))
-            .query_async(&mut conn)
-            .await?;
-        let sha = Arc::from(sha);
+        // The store's command runs the script by its SHA-1 alone.
+        wire::script().load_async(&mut conn).await?;
         match args.pipeline {
             Some(depth) => {
                 let info = client.get_connection_info();
@@ -789,14 +742,12 @@ async fn run(args: Args) -> Result<(), BoxError> {
                 Driver::Pipelined {
                     store: store.clone(),
                     addr: (host.clone(), *port),
-                    sha,
                     depth,
                 }
             }
             None => Driver::Raw {
                 store: store.clone(),
                 conn: conn.clone(),
-                sha,
             },
         }
     } else {
@@ -876,4 +827,54 @@ async fn run(args: Args) -> Result<(), BoxError> {
         .into());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every reply `next_reply` finds in `buf`, read as the pipelined worker reads them.
+    fn replies(buf: &[u8]) -> Vec<Result<Value, String>> {
+        let mut found = Vec::new();
+        let mut read = 0;
+        while let Some((reply, used)) = next_reply(&buf[read..]).expect("well-formed") {
+            found.push(reply);
+            read += used;
+        }
+        assert_eq!(read, buf.len(), "every byte belongs to a reply");
+        found
+    }
+
+    #[test]
+    fn the_shapes_the_script_answers_with_are_framed_whole() {
+        let stored = [7_u8, 0, 13, 10, 13, 10, 1, 2];
+        let mut buf = b"$8\r\n".to_vec();
+        buf.extend_from_slice(&stored);
+        buf.extend_from_slice(b"\r\n*1\r\n$8\r\n");
+        buf.extend_from_slice(&stored);
+        buf.extend_from_slice(b"\r\n-NOSCRIPT No matching script\r\n");
+        assert_eq!(
+            replies(&buf),
+            [
+                Ok(Value::BulkString(stored.to_vec())),
+                Ok(Value::Array(vec![Value::BulkString(stored.to_vec())])),
+                Err("NOSCRIPT No matching script".to_owned()),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_reply_cut_short_waits_for_the_rest() {
+        let whole = b"*1\r\n$3\r\nabc\r\n";
+        for cut in 0..whole.len() {
+            assert!(
+                next_reply(&whole[..cut]).expect("a prefix").is_none(),
+                "{cut}"
+            );
+        }
+        assert!(
+            next_reply(b":1\r\n").is_err(),
+            "not a shape the script answers with"
+        );
+    }
 }

@@ -2,7 +2,7 @@
 //! machine.
 //!
 //! ```text
-//! cargo run --release --features quanta --example versus_governor -- [--rounds 7] [--decisions 2000000]
+//! cargo run --release -p burstgate-tools --bin versus_governor -- [--rounds 7] [--decisions 2000000]
 //! ```
 //!
 //! The criterion bench (`cargo bench --all-features --bench governor`) measures each side for
@@ -33,6 +33,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use burstgate::{BucketKey, BucketStore, Limit, MemoryStore, QuantaClock};
+use clap::Parser;
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 
 type BoxError = Box<dyn std::error::Error>;
@@ -105,24 +106,30 @@ fn median(mut xs: Vec<f64>) -> f64 {
     xs[xs.len() / 2]
 }
 
-fn arg(args: &[String], name: &str, default: usize) -> Result<usize, BoxError> {
-    match args.iter().position(|a| a == name) {
-        None => Ok(default),
-        Some(i) => {
-            let value = args.get(i + 1).ok_or(format!("{name} needs a value"))?;
-            let n: usize = value.parse().map_err(|e| format!("{name} {value}: {e}"))?;
-            if n == 0 {
-                return Err(format!("{name} must be at least 1").into());
-            }
-            Ok(n)
-        }
+/// MemoryStore and governor's keyed limiter in turns of 50,000 decisions.
+#[derive(Parser)]
+#[command(name = "versus_governor")]
+struct Args {
+    /// Rounds, each reporting its own ratios.
+    #[arg(long, default_value_t = 7, value_parser = at_least_one)]
+    rounds: usize,
+    /// Decisions per side and case in a round, rounded up to whole turns.
+    #[arg(long, default_value_t = 2_000_000, value_parser = at_least_one)]
+    decisions: usize,
+}
+
+fn at_least_one(value: &str) -> Result<usize, String> {
+    match value.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
     }
 }
 
 fn main() -> Result<(), BoxError> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let rounds = arg(&args, "--rounds", 7)?;
-    let decisions = arg(&args, "--decisions", 2_000_000)?.div_ceil(CHUNK) * CHUNK;
+    let args = Args::parse();
+    let rounds = args.rounds;
+    let decisions = args.decisions.div_ceil(CHUNK) * CHUNK;
 
     let names: Vec<String> = (0..KEYS).map(|i| format!("client-{i}")).collect();
     let keys = names

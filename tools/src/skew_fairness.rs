@@ -8,18 +8,23 @@
 //! upstream's refusals and the share of the budget used.
 //!
 //! ```sh
-//! REDIS_URL=redis://127.0.0.1:6390/ cargo run --release --example skew_fairness -- -1 0 0 10
+//! REDIS_URL=redis://127.0.0.1:6390/ cargo run --release -p burstgate-tools --bin skew_fairness -- -1 0 0 10
 //! ```
 //!
-//! The arguments are the hosts' offsets in milliseconds (default `-1 0 0 10`); `SECONDS` sets the
-//! length of the run (default 20). With `SERVER_TIME=1` each host's clock is a `ServerClock` over
-//! its skewed clock, corrected every second by its offset from Redis's `TIME`.
+//! The arguments are the hosts' offsets in milliseconds (default `-1 0 0 10`); `SECONDS` (or
+//! `--seconds`) sets the length of the run (default 20). With `SERVER_TIME=1` (or
+//! `--server-time`) each host's clock is a `ServerClock` over its skewed clock, corrected every
+//! second by its offset from Redis's `TIME`.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use burstgate::{BucketKey, BucketStore, Clock, Limit, RedisStore, ServerClock, SystemClock};
+use burstgate::{
+    BucketKey, BucketStore, Clock, Limit, RedisStore, ServerClock, SystemClock, redis,
+};
+use clap::Parser;
+use clap::builder::BoolishValueParser;
 
 /// The system clock, `.0` milliseconds off.
 #[derive(Debug, Clone)]
@@ -56,22 +61,29 @@ impl Upstream {
     }
 }
 
+/// Hosts whose clocks disagree sharing one contended Redis bucket. REDIS_URL names the Redis.
+#[derive(Parser)]
+#[command(name = "skew_fairness")]
+struct Args {
+    /// Each host's clock offset from the system clock, in milliseconds.
+    #[arg(allow_negative_numbers = true, default_values_t = [-1, 0, 0, 10])]
+    offsets: Vec<i64>,
+    /// Length of the run.
+    #[arg(long, env = "SECONDS", default_value_t = 20)]
+    seconds: u64,
+    /// Gives each host a ServerClock over its skewed clock (SERVER_TIME=1).
+    #[arg(long, env = "SERVER_TIME", value_parser = BoolishValueParser::new())]
+    server_time: bool,
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let Args {
+        offsets,
+        seconds,
+        server_time,
+    } = Args::parse();
     let url = std::env::var("REDIS_URL").map_err(|_| "set REDIS_URL to a Redis to run on")?;
-    let offsets: Vec<i64> = std::env::args()
-        .skip(1)
-        .map(|a| a.parse())
-        .collect::<Result<_, _>>()?;
-    let offsets = if offsets.is_empty() {
-        vec![-1, 0, 0, 10]
-    } else {
-        offsets
-    };
-    let seconds: u64 = std::env::var("SECONDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(20);
     let limit = Limit::per_second(20)?.with_burst(9)?;
     let prefix = format!("skew-fairness-{}", std::process::id());
     let key = Arc::new(BucketKey::new("fair", "seller")?);
@@ -87,7 +99,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let conn = redis::Client::open(url.as_str())?
             .get_multiplexed_async_connection()
             .await?;
-        let clock: Arc<dyn Clock> = if std::env::var_os("SERVER_TIME").is_some_and(|v| v == "1") {
+        let clock: Arc<dyn Clock> = if server_time {
             let clock =
                 ServerClock::sync_with(conn.clone(), Skewed(offset), Duration::from_secs(1))
                     .await?;
