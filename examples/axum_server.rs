@@ -18,7 +18,7 @@
 //! curl -i -H 'x-api-key: k1' http://127.0.0.1:3000/
 //! ```
 //!
-//! `examples/flood.rs` checks the promise from outside: `burst + rate × elapsed` admissions under
+//! `tools/src/flood.rs` (`cargo run -p burstgate-tools --bin flood`) checks the promise from outside: `burst + rate × elapsed` admissions under
 //! load, and well-formed 429s.
 
 use std::env;
