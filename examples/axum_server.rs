@@ -18,8 +18,9 @@
 //! curl -i -H 'x-api-key: k1' http://127.0.0.1:3000/
 //! ```
 //!
-//! `tools/src/flood.rs` (`cargo run -p burstgate-tools --bin flood`) checks the promise from outside: `burst + rate × elapsed` admissions under
-//! load, and well-formed 429s.
+//! The `flood` tool (`tools/src/flood.rs`, `cargo run -p burstgate-tools --bin flood`) checks
+//! the promise from outside: `burst + rate × elapsed` admissions under load, and well-formed
+//! 429s.
 
 use std::env;
 use std::error::Error;
