@@ -207,8 +207,7 @@ fn is_redirect(e: &RedisError) -> bool {
 }
 
 /// Runs the script for one bucket: `EVALSHA`, and after `NOSCRIPT` the same call as `EVAL`. The
-/// store and the differential test share this, so the test encodes arguments exactly as the store
-/// does.
+/// arguments are packed by `wire::Args::pack`, which the differential test packs with too.
 async fn invoke(
     conn: &mut impl ConnectionLike,
     redis_key: RedisKey<'_>,
