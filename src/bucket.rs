@@ -30,6 +30,7 @@ pub(crate) const MAX_TIME: u64 = (1 << 53) - 1;
 pub(crate) const MAX_WAIT: u64 = 1 << 44;
 
 /// The most tokens a stored state can hold, under any limit (a burst is a `u32`).
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 const MAX_TOKENS: f64 = 4_294_967_296.0;
 
 /// The most steps either walk of [`ready_at`] takes. From a sound state the first estimate is
@@ -77,6 +78,7 @@ impl Params {
     /// The most debt a sound state carries, in tokens: reservations and drains each reach at
     /// most [`MAX_WAIT`] ahead, and one cost on top.
     #[inline]
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn most_debt(&self) -> f64 {
         2.0 * MAX_WAIT as f64 * self.per_ms + self.capacity
     }
@@ -242,6 +244,7 @@ fn refills_to_full(p: &Params, t: f64, elapsed: f64) -> bool {
 /// the largest burst, with no more debt than reservations and drains leave, at a whole time
 /// within range. The walks to a refill time end, exactly, only from such a state, so both
 /// mirrors refuse any other before deciding (someone else wrote the key).
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) fn sound(p: &Params, s: State) -> bool {
     // NaN fails every comparison.
     (s.t >= 0.0 || s.t >= -p.most_debt())
