@@ -14,6 +14,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 #[cfg(feature = "redis")]
 mod server;
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use server::ServerClock;
 
 /// A source of wall time in whole milliseconds since the Unix epoch.

@@ -279,6 +279,7 @@ mod store;
 #[cfg_attr(docsrs, doc(cfg(feature = "quanta")))]
 pub use clock::QuantaClock;
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use clock::ServerClock;
 pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
 pub use error::{BackendError, InvalidKey, InvalidLimit, InvalidName, RateLimited, StoreError};
