@@ -12,11 +12,9 @@ use burstgate::{
 };
 
 #[cfg(feature = "redis")]
-#[path = "support/redis_server.rs"]
-mod redis_server;
+use burstgate_testkit::redis_server;
 #[cfg(feature = "redis")]
-#[path = "support/scan.rs"]
-mod scan;
+use burstgate_testkit::scan;
 
 const START: u64 = 1_700_000_000_000;
 const ZERO: Duration = Duration::ZERO;

@@ -2,7 +2,7 @@
 //! slot moved by hand while callers keep deciding (MOVED and ASK), and the script reloaded on
 //! its key's node while another primary is down.
 //!
-//! The harness (tests/support/redis_cluster.rs) starts the cluster; `REDIS_CLUSTER_NODES`
+//! The harness (`burstgate_testkit::redis_cluster`) starts the cluster; `REDIS_CLUSTER_NODES`
 //! points the first two tests at an existing one instead (list its primaries only; the
 //! resharding test moves a few slots of it).
 #![cfg(feature = "redis")]
@@ -15,14 +15,11 @@ use std::time::{Duration, Instant};
 use burstgate::{Breaker, BucketKey, BucketStore, Clock, Limit, ManualClock, RedisStore};
 use redis::cluster_async::ClusterConnection;
 
-#[path = "support/redis_server.rs"]
-mod redis_server;
+use burstgate_testkit::redis_server;
 
-#[path = "support/redis_cluster.rs"]
-mod redis_cluster;
+use burstgate_testkit::redis_cluster;
 
-#[path = "support/scan.rs"]
-mod scan;
+use burstgate_testkit::scan;
 
 const START: u64 = 1_700_000_000_000;
 const ZERO: Duration = Duration::ZERO;

@@ -12,12 +12,10 @@ use burstgate::{
 };
 
 #[cfg(feature = "redis")]
-#[path = "support/redis_server.rs"]
-mod redis_server;
+use burstgate_testkit::redis_server;
 
 #[cfg(feature = "redis")]
-#[path = "support/redis_cluster.rs"]
-mod redis_cluster;
+use burstgate_testkit::redis_cluster;
 
 const START: u64 = 1_700_000_000_000;
 const ZERO: Duration = Duration::ZERO;

@@ -21,8 +21,7 @@ use redis::aio::ConnectionManager;
 use stats_alloc::{INSTRUMENTED_SYSTEM, StatsAlloc};
 use std::alloc::System;
 
-#[path = "support/redis_server.rs"]
-mod redis_server;
+use burstgate_testkit::redis_server;
 
 #[global_allocator]
 static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;

@@ -16,8 +16,7 @@ use burstgate::{
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
-#[path = "support/redis_server.rs"]
-mod redis_server;
+use burstgate_testkit::redis_server;
 
 const START: u64 = 1_700_000_000_000;
 const ZERO: Duration = Duration::ZERO;

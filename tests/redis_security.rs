@@ -9,10 +9,8 @@ use burstgate::{BucketKey, BucketStore, Limit, ManualClock, RedisStore, StoreErr
 use redis::aio::MultiplexedConnection;
 use sha2::{Digest, Sha256};
 
-#[path = "support/redis_server.rs"]
-mod redis_server;
-#[path = "support/scan.rs"]
-mod scan;
+use burstgate_testkit::redis_server;
+use burstgate_testkit::scan;
 
 const START: u64 = 1_700_000_000_000;
 const ZERO: Duration = Duration::ZERO;

@@ -8,8 +8,7 @@ use burstgate::{BucketKey, BucketStore, Limit, ManualClock, RedisStore, StoreErr
 use redis::AsyncCommands;
 use redis::aio::{ConnectionManager, MultiplexedConnection};
 
-#[path = "support/redis_server.rs"]
-mod redis_server;
+use burstgate_testkit::redis_server;
 
 const START: u64 = 1_700_000_000_000;
 const ZERO: Duration = Duration::ZERO;
@@ -309,6 +308,4 @@ fn bad_prefixes_are_refused() {
     }
 }
 
-#[path = "support/failing_connection.rs"]
-mod failing_connection;
-use failing_connection::FailingConnection as NoConnection;
+use burstgate_testkit::failing_connection::FailingConnection as NoConnection;

@@ -17,8 +17,7 @@ use super::wire::{Args, Op, decode, decode_halt};
 use crate::Limit;
 use crate::bucket::{self, MAX_TIME, State};
 
-#[path = "../../../tests/support/redis_server.rs"]
-pub(super) mod redis_server;
+use burstgate_testkit::redis_server;
 
 /// SplitMix64: tiny, seedable, and the same everywhere, so a failing seed replays exactly.
 struct Rng(u64);
