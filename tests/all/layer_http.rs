@@ -14,7 +14,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 #[cfg(feature = "redis")]
-use burstgate_testkit::redis_server;
+use crate::support::redis_server;
 
 /// "1 per minute, burst 10": nothing refills while a test runs.
 fn orders() -> Limit {

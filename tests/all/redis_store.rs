@@ -8,7 +8,7 @@ use burstgate::{BucketKey, BucketStore, Limit, ManualClock, RedisStore, StoreErr
 use redis::AsyncCommands;
 use redis::aio::{ConnectionManager, MultiplexedConnection};
 
-use burstgate_testkit::redis_server;
+use crate::support::redis_server;
 
 const START: u64 = 1_700_000_000_000;
 const ZERO: Duration = Duration::ZERO;
@@ -308,4 +308,4 @@ fn bad_prefixes_are_refused() {
     }
 }
 
-use burstgate_testkit::failing_connection::FailingConnection as NoConnection;
+use crate::support::failing_connection::FailingConnection as NoConnection;

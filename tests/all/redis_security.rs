@@ -9,8 +9,8 @@ use burstgate::{BucketKey, BucketStore, Limit, ManualClock, RedisStore, StoreErr
 use redis::aio::MultiplexedConnection;
 use sha2::{Digest, Sha256};
 
-use burstgate_testkit::redis_server;
-use burstgate_testkit::scan;
+use crate::support::redis_server;
+use crate::support::scan;
 
 const START: u64 = 1_700_000_000_000;
 const ZERO: Duration = Duration::ZERO;

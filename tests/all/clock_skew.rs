@@ -9,7 +9,7 @@ use std::time::Duration;
 use burstgate::{BucketKey, BucketStore, Limit, ManualClock, MemoryStore, RedisStore};
 use redis::aio::MultiplexedConnection;
 
-use burstgate_testkit::redis_server;
+use crate::support::redis_server;
 
 const START: u64 = 1_700_000_000_000;
 const MINUTE: u64 = 60_000;

@@ -12,9 +12,9 @@ use burstgate::{
 };
 
 #[cfg(feature = "redis")]
-use burstgate_testkit::redis_server;
+use crate::support::redis_server;
 #[cfg(feature = "redis")]
-use burstgate_testkit::scan;
+use crate::support::scan;
 
 const START: u64 = 1_700_000_000_000;
 const ZERO: Duration = Duration::ZERO;

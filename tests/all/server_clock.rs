@@ -11,7 +11,7 @@ use burstgate::{
 };
 use redis::aio::MultiplexedConnection;
 
-use burstgate_testkit::redis_server;
+use crate::support::redis_server;
 
 /// The system clock, `.0` milliseconds off: another host's clock.
 #[derive(Debug, Clone)]

@@ -803,7 +803,7 @@ async fn a_failing_store_answers_503_without_calling_the_inner_service() {
 }
 
 #[cfg(feature = "redis")]
-use burstgate_testkit::failing_connection::FailingConnection;
+use crate::support::failing_connection::FailingConnection;
 
 #[tokio::test(start_paused = true)]
 async fn a_cost_of_zero_or_above_the_burst_answers_500() {

@@ -15,11 +15,11 @@ use std::time::{Duration, Instant};
 use burstgate::{Breaker, BucketKey, BucketStore, Clock, Limit, ManualClock, RedisStore};
 use redis::cluster_async::ClusterConnection;
 
-use burstgate_testkit::redis_server;
+use crate::support::redis_server;
 
-use burstgate_testkit::redis_cluster;
+use crate::support::redis_cluster;
 
-use burstgate_testkit::scan;
+use crate::support::scan;
 
 const START: u64 = 1_700_000_000_000;
 const ZERO: Duration = Duration::ZERO;

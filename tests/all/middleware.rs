@@ -19,7 +19,7 @@ use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, Request as MockRequest, Respond, ResponseTemplate};
 
 #[cfg(feature = "redis")]
-use burstgate_testkit::redis_server;
+use crate::support::redis_server;
 
 /// The stores count whole milliseconds of wall time, so a wait computed from two truncated
 /// readings can end up to a millisecond before the instant it aims at; allow two.

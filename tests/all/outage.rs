@@ -16,7 +16,7 @@ use burstgate::{
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
-use burstgate_testkit::redis_server;
+use crate::support::redis_server;
 
 const START: u64 = 1_700_000_000_000;
 const ZERO: Duration = Duration::ZERO;
