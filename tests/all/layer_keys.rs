@@ -16,6 +16,8 @@ use burstgate::{BucketKey, BucketStore, Limit, MemoryStore, TokioClock};
 use http::{HeaderName, Request, Response, StatusCode};
 use tower::{Layer, Service, ServiceExt};
 
+use crate::support::logs;
+
 type Req = Request<String>;
 type Res = Response<String>;
 
@@ -223,7 +225,7 @@ fn anonymous() -> Req {
 #[tokio::test(start_paused = true)]
 async fn a_rule_that_finds_no_key_warns_once_instead_of_limiting_nothing_in_silence() {
     let warnings = Warnings::default();
-    let _log = tracing::subscriber::set_default(warnings.clone());
+    let _log = logs::capture(warnings.clone());
     let calls = Arc::new(AtomicUsize::new(0));
     let one_per_minute = Limit::per_minute(1).expect("a valid limit");
     let layer = RateLimitLayer::new(MemoryStore::with_clock(TokioClock::new()))
@@ -267,7 +269,7 @@ async fn a_rule_that_finds_no_key_warns_once_instead_of_limiting_nothing_in_sile
 #[tokio::test(start_paused = true)]
 async fn missing_key_pass_is_silent() {
     let warnings = Warnings::default();
-    let _log = tracing::subscriber::set_default(warnings.clone());
+    let _log = logs::capture(warnings.clone());
     let calls = Arc::new(AtomicUsize::new(0));
     let rule = Rule::new("per-key", five_per_hour(), KeyExtractor::header(API_KEY))
         .expect("a valid rule")
@@ -285,7 +287,7 @@ async fn missing_key_pass_is_silent() {
 #[tokio::test(start_paused = true)]
 async fn missing_key_reject_answers_500_without_a_peer_address_and_400_without_the_header() {
     let warnings = Warnings::default();
-    let _log = tracing::subscriber::set_default(warnings.clone());
+    let _log = logs::capture(warnings.clone());
     let store = MemoryStore::with_clock(TokioClock::new());
     let calls = Arc::new(AtomicUsize::new(0));
     let global = Rule::new("global", five_per_hour(), KeyExtractor::global()).expect("a rule");

@@ -16,7 +16,7 @@ use burstgate::{
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
-use crate::support::redis_server;
+use crate::support::{logs, redis_server};
 
 const START: u64 = 1_700_000_000_000;
 const ZERO: Duration = Duration::ZERO;
@@ -644,7 +644,7 @@ impl tracing::Subscriber for Events {
 #[tokio::test(flavor = "current_thread")]
 async fn every_change_of_the_circuit_is_a_tracing_event() {
     let events = Events::default();
-    let _guard = tracing::dispatcher::set_default(&tracing::Dispatch::new(events.clone()));
+    let _guard = logs::capture(events.clone());
     let clock = ManualClock::new(START);
     let conn = Switch::new().await;
     let store = store(conn.clone(), &clock).with_breaker(Breaker::new(

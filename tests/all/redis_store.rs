@@ -107,6 +107,17 @@ async fn a_bucket_is_one_string_under_a_versioned_prefix_with_a_refill_ttl() {
 
 #[tokio::test]
 async fn the_script_is_loaded_again_after_script_flush() {
+    // SCRIPT FLUSH empties the script cache of the whole server: on a server of its own, so the
+    // tests that count the commands reaching the shared one never see it reload.
+    let server = redis_server::spawn("").expect("a redis-server of our own");
+    let url = format!("redis://127.0.0.1:{}/", server.port);
+    let conn = || async {
+        redis::Client::open(url.as_str())
+            .expect("a valid Redis URL")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("a connection to our redis-server")
+    };
     let store = RedisStore::new(conn().await)
         .with_prefix(&redis_server::unique_prefix())
         .expect("a valid prefix");
@@ -129,6 +140,7 @@ async fn the_script_is_loaded_again_after_script_flush() {
         .await
         .expect("decides after NOSCRIPT");
     assert_eq!(d.remaining(), 8);
+    redis_server::kill(server);
 }
 
 #[tokio::test]

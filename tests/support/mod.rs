@@ -3,3 +3,6 @@
 
 #[cfg(feature = "redis")]
 pub(crate) use burstgate_testkit::{failing_connection, redis_cluster, redis_server, scan};
+
+#[cfg(any(feature = "redis", feature = "tower"))]
+pub(crate) mod logs;
