@@ -15,24 +15,7 @@ use std::time::{Duration, Instant};
 use burstgate::{Breaker, BucketKey, BucketStore, Clock, Limit, ManualClock, RedisStore};
 use redis::cluster_async::ClusterConnection;
 
-use crate::support::redis_server;
-
-use crate::support::redis_cluster;
-
-use crate::support::scan;
-
-const START: u64 = 1_700_000_000_000;
-const ZERO: Duration = Duration::ZERO;
-
-fn limit(tokens: u32, interval_ms: u64, burst: u32) -> Limit {
-    Limit::new(tokens, Duration::from_millis(interval_ms))
-        .and_then(|l| l.with_burst(burst))
-        .expect("a valid limit")
-}
-
-fn key(bucket: &str, key: &str) -> BucketKey {
-    BucketKey::new(bucket, key).expect("a valid key")
-}
+use crate::support::{START, ZERO, key, limit, redis_cluster, redis_server, scan};
 
 async fn store(
     cluster: &redis_cluster::Cluster,

@@ -19,9 +19,7 @@ use burstgate::{
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence};
 
-const START: u64 = 1_700_000_000_000;
-const MAX_WAIT_MS: u64 = 1 << 44;
-const MAX_SPAN_MS: u64 = 1 << 42;
+use crate::support::{MAX_SPAN_MS, MAX_WAIT_MS, START};
 
 fn cases() -> u32 {
     std::env::var("BURSTGATE_FUZZ_CASES")

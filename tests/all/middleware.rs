@@ -7,12 +7,10 @@
 #![cfg(feature = "reqwest")]
 
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use burstgate::middleware::{Account, RateLimitMiddleware, Route};
-use burstgate::{
-    BucketKey, BucketStore, Clock, Decision, Limit, MemoryStore, Quota, RateLimited, StoreError,
-};
+use burstgate::{BucketKey, BucketStore, Clock, Limit, MemoryStore, Quota, RateLimited};
 use reqwest::StatusCode;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use wiremock::matchers::{method, path};
@@ -20,23 +18,14 @@ use wiremock::{Mock, MockServer, Request as MockRequest, Respond, ResponseTempla
 
 #[cfg(feature = "redis")]
 use crate::support::redis_server;
+use crate::support::{SlowReplies, key, limit};
 
 /// The stores count whole milliseconds of wall time, so a wait computed from two truncated
 /// readings can end up to a millisecond before the instant it aims at; allow two.
 const CLOCK_SLACK: Duration = Duration::from_millis(2);
 
-fn limit(tokens: u32, interval_ms: u64, burst: u32) -> Limit {
-    Limit::new(tokens, Duration::from_millis(interval_ms))
-        .and_then(|l| l.with_burst(burst))
-        .expect("a valid limit")
-}
-
 fn route(bucket: &str, limit: Limit, pattern: &str) -> Route {
     Route::new(bucket, limit, pattern).expect("a valid route")
-}
-
-fn key(bucket: &str, account: &str) -> BucketKey {
-    BucketKey::new(bucket, account).expect("a valid key")
 }
 
 fn client<St, K>(middleware: RateLimitMiddleware<St, K>) -> ClientWithMiddleware
@@ -299,49 +288,6 @@ async fn a_request_dropped_while_it_waits_gives_its_turn_back() {
         "{sent:?}"
     );
     server.verify().await;
-}
-
-/// A store whose replies arrive `delay` after it has decided, like a slow Redis.
-#[derive(Debug, Clone)]
-struct SlowReplies<S> {
-    inner: S,
-    delay: Duration,
-}
-
-impl<S: BucketStore + Clone> BucketStore for SlowReplies<S> {
-    async fn acquire(
-        &self,
-        key: &BucketKey,
-        limit: Limit,
-        cost: u32,
-        max_wait: Duration,
-    ) -> Result<Decision, StoreError> {
-        let decision = self.inner.acquire(key, limit, cost, max_wait).await;
-        tokio::time::sleep(self.delay).await;
-        decision
-    }
-
-    async fn peek(&self, key: &BucketKey, limit: Limit) -> Result<Quota, StoreError> {
-        self.inner.peek(key, limit).await
-    }
-
-    async fn refund(
-        &self,
-        key: &BucketKey,
-        limit: Limit,
-        reservation: burstgate::Reservation,
-    ) -> Result<(), StoreError> {
-        self.inner.refund(key, limit, reservation).await
-    }
-
-    async fn drain_until(
-        &self,
-        key: &BucketKey,
-        limit: Limit,
-        until: SystemTime,
-    ) -> Result<(), StoreError> {
-        self.inner.drain_until(key, limit, until).await
-    }
 }
 
 #[tokio::test]

@@ -9,11 +9,7 @@ use burstgate::{BucketKey, BucketStore, Limit, ManualClock, RedisStore, StoreErr
 use redis::aio::MultiplexedConnection;
 use sha2::{Digest, Sha256};
 
-use crate::support::redis_server;
-use crate::support::scan;
-
-const START: u64 = 1_700_000_000_000;
-const ZERO: Duration = Duration::ZERO;
+use crate::support::{START, ZERO, redis_server, scan};
 
 fn limit() -> Limit {
     Limit::per_minute(1)

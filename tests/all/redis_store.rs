@@ -8,10 +8,7 @@ use burstgate::{BucketKey, BucketStore, Limit, ManualClock, RedisStore, StoreErr
 use redis::AsyncCommands;
 use redis::aio::{ConnectionManager, MultiplexedConnection};
 
-use crate::support::redis_server;
-
-const START: u64 = 1_700_000_000_000;
-const ZERO: Duration = Duration::ZERO;
+use crate::support::{START, ZERO, redis_server};
 
 async fn conn() -> MultiplexedConnection {
     redis::Client::open(redis_server::url())

@@ -1,32 +1,107 @@
-//! Capturing a test's log events with a subscriber of the test's own, in a binary whose other
-//! tests run beside it.
+//! The log events of one test, in a binary whose other tests run beside it.
 //!
-//! A scoped subscriber (`set_default`) sees only its own thread's events, but tracing caches
-//! whether each call site is of interest once, for the whole process. While a single subscriber
-//! is registered, the first thread to reach a call site decides that alone, by its own default:
-//! a sibling test with no subscriber would cache "never", and the capturing test would then miss
-//! the event it asserts on. A global subscriber that is never interested in anything itself but
-//! answers "sometimes" keeps every call site asking each event's own thread instead.
+//! [`capture`] makes a recording subscriber the default of the test's thread, as
+//! `tracing::subscriber::set_default` does: it sees that thread's events only. But tracing
+//! caches whether each call site is of interest once, for the whole process, and while a single
+//! subscriber is registered the first thread to reach a call site decides that alone, by its
+//! own default: a sibling test with no subscriber would cache "never", and the capturing test
+//! would miss the event it asserts on. So the first capture also installs a global subscriber
+//! that records nothing but answers "sometimes", which keeps every call site asking the thread
+//! of each event.
 
-use std::sync::Once;
+use std::fmt::Write as _;
+use std::sync::{Arc, Mutex, Once, PoisonError};
 
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
 use tracing::subscriber::{DefaultGuard, Interest};
-use tracing::{Metadata, Subscriber};
+use tracing::{Event, Level, Metadata, Subscriber};
 
-/// Makes `subscriber` this thread's default until the guard drops, as
-/// `tracing::subscriber::set_default` does, once the process has its global [`Silent`]
-/// subscriber.
-pub(crate) fn capture<S>(subscriber: S) -> DefaultGuard
-where
-    S: Subscriber + Send + Sync + 'static,
-{
+/// Records every event of this thread until the guard drops.
+pub(crate) fn capture() -> (Captured, DefaultGuard) {
     static GLOBAL: Once = Once::new();
     GLOBAL.call_once(|| {
-        // Nothing else in the test binary sets one; if something did, it already registers
-        // call sites as a subscriber, which is all this one is for.
+        // Nothing else in a test binary sets one; were one set, it would already register call
+        // sites as a subscriber, which is all this one is for.
         let _ = tracing::subscriber::set_global_default(Silent);
     });
-    tracing::subscriber::set_default(subscriber)
+    let captured = Captured::default();
+    let guard = tracing::subscriber::set_default(captured.clone());
+    (captured, guard)
+}
+
+/// The events recorded so far, in order.
+#[derive(Clone, Default)]
+pub(crate) struct Captured(Arc<Mutex<Vec<Logged>>>);
+
+struct Logged {
+    level: Level,
+    target: &'static str,
+    message: String,
+    /// Every field, message included, as `name=value ` with values in `Debug` form.
+    fields: String,
+}
+
+impl Captured {
+    /// The fields of each `WARN` event.
+    pub(crate) fn warnings(&self) -> Vec<String> {
+        self.events()
+            .iter()
+            .filter(|e| e.level == Level::WARN)
+            .map(|e| e.fields.clone())
+            .collect()
+    }
+
+    /// The level and message of each event whose target is `target`.
+    pub(crate) fn messages(&self, target: &str) -> Vec<(Level, String)> {
+        self.events()
+            .iter()
+            .filter(|e| e.target == target)
+            .map(|e| (e.level, e.message.clone()))
+            .collect()
+    }
+
+    fn events(&self) -> std::sync::MutexGuard<'_, Vec<Logged>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[derive(Default)]
+struct Fields {
+    message: String,
+    all: String,
+}
+
+impl Visit for Fields {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            self.message = format!("{value:?}");
+        }
+        let _ = write!(self.all, "{}={:?} ", field.name(), value);
+    }
+}
+
+impl Subscriber for Captured {
+    fn enabled(&self, _: &Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &Attributes<'_>) -> Id {
+        Id::from_u64(1)
+    }
+    fn record(&self, _: &Id, _: &Record<'_>) {}
+    fn record_follows_from(&self, _: &Id, _: &Id) {}
+    fn event(&self, event: &Event<'_>) {
+        let mut fields = Fields::default();
+        event.record(&mut fields);
+        self.events().push(Logged {
+            level: *event.metadata().level(),
+            target: event.metadata().target(),
+            message: fields.message,
+            fields: fields.all,
+        });
+    }
+    fn enter(&self, _: &Id) {}
+    fn exit(&self, _: &Id) {}
 }
 
 /// The global subscriber: records nothing, and never lets a call site be cached as of no
@@ -40,12 +115,12 @@ impl Subscriber for Silent {
     fn enabled(&self, _: &Metadata<'_>) -> bool {
         false
     }
-    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(1)
+    fn new_span(&self, _: &Attributes<'_>) -> Id {
+        Id::from_u64(1)
     }
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, _: &tracing::Event<'_>) {}
-    fn enter(&self, _: &tracing::span::Id) {}
-    fn exit(&self, _: &tracing::span::Id) {}
+    fn record(&self, _: &Id, _: &Record<'_>) {}
+    fn record_follows_from(&self, _: &Id, _: &Id) {}
+    fn event(&self, _: &Event<'_>) {}
+    fn enter(&self, _: &Id) {}
+    fn exit(&self, _: &Id) {}
 }
