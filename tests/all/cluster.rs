@@ -5,6 +5,9 @@
 //! The harness (`burstgate_testkit::redis_cluster`) starts the cluster; `REDIS_CLUSTER_NODES`
 //! points the first two tests at an existing one instead (list its primaries only; the
 //! resharding test moves a few slots of it).
+//!
+//! Each test starts or moves a cluster and keeps it under load for seconds, so the suite is in
+//! the slow tier: `cargo test --all-features --test all -- --ignored cluster::` runs it.
 #![cfg(feature = "redis")]
 
 use std::collections::{HashMap, HashSet};
@@ -38,6 +41,7 @@ fn prefix_of(store: &RedisStore<ClusterConnection, ManualClock>) -> String {
 }
 
 #[tokio::test]
+#[ignore = "slow tier: run by .ci/run with --ignored"]
 async fn keys_spread_over_every_primary_and_each_decides_on_its_own() {
     let cluster = redis_cluster::shared();
     eprintln!("cluster started in {:?}", cluster.started_in);
@@ -373,6 +377,7 @@ async fn reshard_under_load(
 /// The breaker is set so that it never opens: this test is about the move itself. What the
 /// default breaker does with these errors is the next test's subject.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "slow tier: run by .ci/run with --ignored"]
 async fn a_slot_moved_under_load_keeps_its_buckets_and_the_limit() {
     let run = reshard_under_load(|store| {
         store.with_breaker(Breaker::new(
@@ -449,6 +454,7 @@ async fn a_slot_moved_under_load_keeps_its_buckets_and_the_limit() {
 /// circuit, or a routine resharding fails every key of the store, moving or not, for the
 /// breaker's 500 ms at a time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "slow tier: run by .ci/run with --ignored"]
 async fn a_slot_move_under_load_does_not_open_the_circuit() {
     let run = reshard_under_load(|store| store).await;
     let unavailable: Vec<&Failure> = run
@@ -474,6 +480,7 @@ async fn a_slot_move_under_load_does_not_open_the_circuit() {
 /// (measured: the first fan-out after the kill took 25 ms and succeeded); the next test covers
 /// the node that does not close its connections.
 #[tokio::test]
+#[ignore = "slow tier: run by .ci/run with --ignored"]
 async fn a_flushed_script_reloads_while_an_unrelated_primary_is_down() {
     flushed_script_reloads_with_an_unrelated_primary("seller-1", |cluster, node| {
         cluster.kill(node)
@@ -486,6 +493,7 @@ async fn a_flushed_script_reloads_while_an_unrelated_primary_is_down() {
 /// whose cluster client has no response timeout by default) would wait on it forever; a reload
 /// routed by the key (`EVAL` on the key's primary) never meets it.
 #[tokio::test]
+#[ignore = "slow tier: run by .ci/run with --ignored"]
 async fn a_flushed_script_reloads_while_an_unrelated_primary_hangs() {
     flushed_script_reloads_with_an_unrelated_primary("seller-2", |cluster, node| {
         cluster.freeze(node)

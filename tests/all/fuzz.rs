@@ -3,7 +3,7 @@
 //! a `MemoryStore` with a `ManualClock`.
 //!
 //! CI runs a bounded number of sequences (a few seconds); set `BURSTGATE_FUZZ_CASES` for a longer
-//! run, e.g. `BURSTGATE_FUZZ_CASES=100000 cargo test --release --test fuzz`.
+//! run, e.g. `BURSTGATE_FUZZ_CASES=100000 cargo test --release --test all -- fuzz::`.
 //!
 //! Checked after every step: nothing panics; every error is the typed one the input calls for,
 //! and valid input gets none; `remaining` never exceeds the burst; an admitted wait never exceeds

@@ -892,6 +892,7 @@ const MUTANTS: &[(&str, &str)] = &[
 ];
 
 #[tokio::test]
+#[ignore = "slow tier: run by .ci/run with --ignored"]
 async fn every_single_line_mutant_of_the_script_is_caught() {
     let mut conn = connect().await;
     let source = include_str!("bucket.lua");
