@@ -16,6 +16,8 @@ pub(crate) mod logs;
 mod stores;
 #[cfg(any(feature = "tower", feature = "reqwest"))]
 pub(crate) use stores::SlowReplies;
+#[cfg(feature = "reqwest")]
+pub(crate) mod upstream;
 
 /// The time a `ManualClock` starts at in the tests, in ms since the epoch (November 2023).
 pub(crate) const START: u64 = 1_700_000_000_000;
