@@ -48,7 +48,7 @@ async fn keys_spread_over_every_primary_and_each_decides_on_its_own() {
     let store = store(cluster, ManualClock::new(START)).await;
     let l = limit(1, 60_000, 3);
     let keys: Vec<BucketKey> = (0..300)
-        .map(|i| key("spread", &format!("account-{i}")))
+        .map(|i| key("spread", format!("account-{i}")))
         .collect();
 
     // Every key decides on its own bucket: burst 3, then a denial for a full interval.
@@ -182,7 +182,7 @@ async fn reshard_under_load(
     let l = reshard_limit();
     let keys: Arc<Vec<BucketKey>> = Arc::new(
         (0..KEYS)
-            .map(|i| key("reshard", &format!("seller-{i}")))
+            .map(|i| key("reshard", format!("seller-{i}")))
             .collect(),
     );
     let names: Vec<String> = keys.iter().map(|k| store.redis_key(k)).collect();

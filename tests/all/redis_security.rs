@@ -3,6 +3,7 @@
 #![cfg(feature = "redis")]
 
 use std::hash::{BuildHasher, Hasher};
+#[cfg(feature = "tls")]
 use std::time::Duration;
 
 use burstgate::{BucketKey, BucketStore, Limit, ManualClock, RedisStore, StoreError};
