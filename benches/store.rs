@@ -7,7 +7,7 @@
 //!   no-op waker (they are always ready, so no runtime is involved); with two threads both run
 //!   the loop at once on clones of the store.
 //! - `redis/tasks/{1,16,64}`: a `RedisStore` over one `MultiplexedConnection` to a private
-//!   `redis-server` (see `tests/support/redis_server.rs`), with 1, 16 or 64 tokio tasks sharing
+//!   `redis-server` (see `testkit/src/redis_server.rs`), with 1, 16 or 64 tokio tasks sharing
 //!   it. Needs the `redis` feature.
 //!
 //! `cargo bench --bench store`; throughput is reported in decisions per second.
@@ -23,8 +23,7 @@ use burstgate::{BucketKey, BucketStore, Limit, MemoryStore};
 use criterion::{Criterion, Throughput};
 
 #[cfg(feature = "redis")]
-#[path = "../tests/support/redis_server.rs"]
-mod redis_server;
+use burstgate_testkit::redis_server;
 
 /// The number of distinct keys in the many-keys cases.
 const MANY_KEYS: usize = 10_000;

@@ -6,8 +6,9 @@
 //!
 //! The allocator counts every thread of this test binary, and libtest runs the tests of one binary
 //! in parallel threads, so all the measurements live in one `#[test]` that runs them one after the
-//! other; nothing else in this binary allocates meanwhile. `cargo test --test memory --
-//! --nocapture` shows the figures.
+//! other; nothing else in this binary allocates meanwhile. A million keys take a while in a debug
+//! build, so it is in the slow tier: `cargo test --test memory -- --ignored --nocapture` runs it
+//! and shows the figures.
 
 use std::alloc::System;
 use std::future::Future;
@@ -263,6 +264,7 @@ fn existing_key_acquire_does_not_allocate() {
 }
 
 #[test]
+#[ignore = "slow tier: run by .ci/run with --ignored"]
 fn memory_store_returns_its_memory_and_decides_without_allocating() {
     // The first print allocates stdout's buffer; do it before anything is measured.
     println!("memory figures (net bytes requested from the allocator, whole process):");

@@ -17,8 +17,7 @@ use super::wire::{Args, Op, decode, decode_halt};
 use crate::Limit;
 use crate::bucket::{self, MAX_TIME, Params, State};
 
-#[path = "../../../tests/support/redis_server.rs"]
-pub(super) mod redis_server;
+use burstgate_testkit::redis_server;
 
 /// SplitMix64: tiny, seedable, and the same everywhere, so a failing seed replays exactly.
 struct Rng(u64);
@@ -893,6 +892,7 @@ const MUTANTS: &[(&str, &str)] = &[
 ];
 
 #[tokio::test]
+#[ignore = "slow tier: run by .ci/run with --ignored"]
 async fn every_single_line_mutant_of_the_script_is_caught() {
     let mut conn = connect().await;
     let source = include_str!("bucket.lua");

@@ -622,7 +622,7 @@ mod local_bucket_tests {
     use super::*;
     use crate::ManualClock;
 
-    use super::super::differential::redis_server;
+    use burstgate_testkit::redis_server;
 
     #[tokio::test]
     async fn the_local_policy_holds_a_local_bucket_for_every_key_redis_decides_on() {

@@ -2,22 +2,19 @@
 //! from one network, requests without a key, and forwarded-for headers a client wrote itself.
 #![cfg(feature = "tower")]
 
-use std::convert::Infallible;
-use std::fmt::Write as _;
-use std::future::Future;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 
 use burstgate::layer::{
     ForwardedHeader, Ipv6Prefix, KeyExtractor, MissingKey, RateLimitLayer, Rule, TrustedProxies,
 };
 use burstgate::{BucketKey, BucketStore, Limit, MemoryStore, TokioClock};
-use http::{HeaderName, Request, Response, StatusCode};
-use tower::{Layer, Service, ServiceExt};
+use http::{HeaderName, Request, StatusCode};
+use tower::Layer;
 
-type Req = Request<String>;
-type Res = Response<String>;
+use crate::support::layer::{API_KEY, Req, call, counting};
+use crate::support::logs;
 
 /// "5 per hour": nothing refills while a test runs.
 fn five_per_hour() -> Limit {
@@ -33,37 +30,6 @@ fn from(peer: IpAddr) -> Req {
     let mut req = Request::new(String::new());
     req.extensions_mut().insert(SocketAddr::new(peer, 40_000));
     req
-}
-
-async fn call<S>(svc: &mut S, req: Req) -> Res
-where
-    S: Service<Req, Response = Res>,
-    S::Error: std::fmt::Debug,
-{
-    svc.ready()
-        .await
-        .expect("the service is ready")
-        .call(req)
-        .await
-        .expect("the layer answers with a response")
-}
-
-/// An inner service that answers "ok" and counts its calls.
-fn counting(
-    calls: &Arc<AtomicUsize>,
-) -> impl Service<
-    Req,
-    Response = Res,
-    Error = Infallible,
-    Future = impl Future<Output = Result<Res, Infallible>> + Send + use<>,
-> + Clone
-+ Send
-+ use<> {
-    let calls = Arc::clone(calls);
-    tower::service_fn(move |_req: Req| {
-        calls.fetch_add(1, Ordering::SeqCst);
-        async { Ok::<_, Infallible>(Response::new(String::from("ok"))) }
-    })
 }
 
 /// Address number `n` of the /64 `net` (its first four groups), spread over the interface id.
@@ -170,47 +136,6 @@ async fn an_ipv4_mapped_peer_shares_the_bucket_of_its_ipv4_address() {
     assert_eq!(quota.remaining(), 0);
 }
 
-/// The warnings logged while it is the thread's default subscriber, each as its fields.
-#[derive(Clone, Default)]
-struct Warnings(Arc<Mutex<Vec<String>>>);
-
-impl Warnings {
-    fn logged(&self) -> Vec<String> {
-        self.0.lock().expect("not poisoned").clone()
-    }
-}
-
-impl tracing::Subscriber for Warnings {
-    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
-        true
-    }
-    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(1)
-    }
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, event: &tracing::Event<'_>) {
-        if *event.metadata().level() == tracing::Level::WARN {
-            let mut fields = Fields::default();
-            event.record(&mut fields);
-            self.0.lock().expect("not poisoned").push(fields.0);
-        }
-    }
-    fn enter(&self, _: &tracing::span::Id) {}
-    fn exit(&self, _: &tracing::span::Id) {}
-}
-
-#[derive(Default)]
-struct Fields(String);
-
-impl tracing::field::Visit for Fields {
-    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-        let _ = write!(self.0, "{}={:?} ", field.name(), value);
-    }
-}
-
-const API_KEY: HeaderName = HeaderName::from_static("x-api-key");
-
 /// A request with no peer address, no API key, and a secret the logs must not show.
 fn anonymous() -> Req {
     Request::builder()
@@ -222,8 +147,7 @@ fn anonymous() -> Req {
 
 #[tokio::test(start_paused = true)]
 async fn a_rule_that_finds_no_key_warns_once_instead_of_limiting_nothing_in_silence() {
-    let warnings = Warnings::default();
-    let _log = tracing::subscriber::set_default(warnings.clone());
+    let (log, _guard) = logs::capture();
     let calls = Arc::new(AtomicUsize::new(0));
     let one_per_minute = Limit::per_minute(1).expect("a valid limit");
     let layer = RateLimitLayer::new(MemoryStore::with_clock(TokioClock::new()))
@@ -242,7 +166,7 @@ async fn a_rule_that_finds_no_key_warns_once_instead_of_limiting_nothing_in_sile
     }
     // Passing is still the default (a rule's users may rely on it), but now it is said.
     assert_eq!(calls.load(Ordering::SeqCst), 100);
-    let logged = warnings.logged();
+    let logged = log.warnings();
     assert_eq!(logged.len(), 1, "{logged:?}");
     assert!(logged[0].contains("bucket=\"per-ip\""), "{logged:?}");
     assert!(logged[0].contains("extractor=\"peer_ip\""), "{logged:?}");
@@ -258,7 +182,7 @@ async fn a_rule_that_finds_no_key_warns_once_instead_of_limiting_nothing_in_sile
             .insert(API_KEY, http::HeaderValue::from_static(""));
         assert_eq!(call(&mut by_key, req).await.status(), StatusCode::OK);
     }
-    let logged = warnings.logged();
+    let logged = log.warnings();
     assert_eq!(logged.len(), 2, "{logged:?}");
     assert!(logged[1].contains("bucket=\"per-key\""), "{logged:?}");
     assert!(!logged[1].contains("s3cret"), "{logged:?}");
@@ -266,8 +190,7 @@ async fn a_rule_that_finds_no_key_warns_once_instead_of_limiting_nothing_in_sile
 
 #[tokio::test(start_paused = true)]
 async fn missing_key_pass_is_silent() {
-    let warnings = Warnings::default();
-    let _log = tracing::subscriber::set_default(warnings.clone());
+    let (log, _guard) = logs::capture();
     let calls = Arc::new(AtomicUsize::new(0));
     let rule = Rule::new("per-key", five_per_hour(), KeyExtractor::header(API_KEY))
         .expect("a valid rule")
@@ -279,13 +202,12 @@ async fn missing_key_pass_is_silent() {
         assert_eq!(call(&mut svc, anonymous()).await.status(), StatusCode::OK);
     }
     assert_eq!(calls.load(Ordering::SeqCst), 10);
-    assert_eq!(warnings.logged(), Vec::<String>::new());
+    assert_eq!(log.warnings(), Vec::<String>::new());
 }
 
 #[tokio::test(start_paused = true)]
 async fn missing_key_reject_answers_500_without_a_peer_address_and_400_without_the_header() {
-    let warnings = Warnings::default();
-    let _log = tracing::subscriber::set_default(warnings.clone());
+    let (log, _guard) = logs::capture();
     let store = MemoryStore::with_clock(TokioClock::new());
     let calls = Arc::new(AtomicUsize::new(0));
     let global = Rule::new("global", five_per_hour(), KeyExtractor::global()).expect("a rule");
@@ -335,7 +257,7 @@ async fn missing_key_reject_answers_500_without_a_peer_address_and_400_without_t
         .insert(API_KEY, http::HeaderValue::from_static("k1"));
     assert_eq!(call(&mut svc, keyed).await.status(), StatusCode::OK);
     // Once per rule.
-    let logged = warnings.logged();
+    let logged = log.warnings();
     assert_eq!(logged.len(), 2, "{logged:?}");
     assert!(logged[0].contains("bucket=\"per-ip\"") && logged[1].contains("bucket=\"per-key\""));
 }

@@ -11,8 +11,7 @@ use burstgate::{
 };
 use redis::aio::MultiplexedConnection;
 
-#[path = "support/redis_server.rs"]
-mod redis_server;
+use crate::support::redis_server;
 
 /// The system clock, `.0` milliseconds off: another host's clock.
 #[derive(Debug, Clone)]

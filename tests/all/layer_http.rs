@@ -14,8 +14,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 #[cfg(feature = "redis")]
-#[path = "support/redis_server.rs"]
-mod redis_server;
+use crate::support::redis_server;
 
 /// "1 per minute, burst 10": nothing refills while a test runs.
 fn orders() -> Limit {

@@ -1,9 +1,8 @@
 //! A redis-rs connection on which every call fails with an I/O error: a Redis that is down,
 //! without waiting for a real connection to time out.
-#![allow(dead_code, unreachable_pub)]
 
 /// Every command and pipeline fails with "connection refused".
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct FailingConnection;
 
 fn refused() -> redis::RedisError {

@@ -16,11 +16,7 @@ use burstgate::{
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
-#[path = "support/redis_server.rs"]
-mod redis_server;
-
-const START: u64 = 1_700_000_000_000;
-const ZERO: Duration = Duration::ZERO;
+use crate::support::{START, ZERO, logs, redis_server};
 
 const UP: u8 = 0;
 const REFUSING: u8 = 1;
@@ -605,47 +601,9 @@ async fn after_script_flush_the_script_runs_as_eval_without_script_load() {
     redis_server::kill(server);
 }
 
-/// Records the message and level of every event.
-#[derive(Clone, Default)]
-struct Events(Arc<std::sync::Mutex<Vec<(tracing::Level, String)>>>);
-
-struct Message<'a>(&'a mut String);
-
-impl tracing::field::Visit for Message<'_> {
-    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-        if field.name() == "message" {
-            *self.0 = format!("{value:?}");
-        }
-    }
-}
-
-impl tracing::Subscriber for Events {
-    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
-        true
-    }
-    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(1)
-    }
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, event: &tracing::Event<'_>) {
-        if event.metadata().target() != "burstgate::redis" {
-            return;
-        }
-        let mut message = String::new();
-        event.record(&mut Message(&mut message));
-        if let Ok(mut events) = self.0.lock() {
-            events.push((*event.metadata().level(), message));
-        }
-    }
-    fn enter(&self, _: &tracing::span::Id) {}
-    fn exit(&self, _: &tracing::span::Id) {}
-}
-
 #[tokio::test(flavor = "current_thread")]
 async fn every_change_of_the_circuit_is_a_tracing_event() {
-    let events = Events::default();
-    let _guard = tracing::dispatcher::set_default(&tracing::Dispatch::new(events.clone()));
+    let (log, _guard) = logs::capture();
     let clock = ManualClock::new(START);
     let conn = Switch::new().await;
     let store = store(conn.clone(), &clock).breaker(Breaker::new(
@@ -667,7 +625,7 @@ async fn every_change_of_the_circuit_is_a_tracing_event() {
         store.acquire(&k, l, 1, ZERO).await.is_ok(),
         "the probe succeeds"
     );
-    let seen = events.0.lock().expect("not poisoned").clone();
+    let seen = log.messages("burstgate::redis");
     let expected = [
         (tracing::Level::WARN, "redis failing: circuit opened"),
         (

@@ -11,31 +11,12 @@ use burstgate::{
     MemoryStore, Reservation, StoreError,
 };
 
+use crate::support::{MAX_SPAN_MS, MAX_WAIT_MS, START, ZERO, key, limit};
 #[cfg(feature = "redis")]
-#[path = "support/redis_server.rs"]
-mod redis_server;
-#[cfg(feature = "redis")]
-#[path = "support/scan.rs"]
-mod scan;
+use crate::support::{redis_server, scan};
 
-const START: u64 = 1_700_000_000_000;
-const ZERO: Duration = Duration::ZERO;
 /// The latest time the arithmetic works with: 2^53 − 1 ms. Later times are clamped to it.
 const MAX_TIME: u64 = (1 << 53) - 1;
-/// The longest reservation: 2^44 ms. Longer `max_wait`s are clamped to it.
-const MAX_WAIT_MS: u64 = 1 << 44;
-/// The longest interval and refill time a `Limit` accepts: 2^42 ms.
-const MAX_SPAN_MS: u64 = 1 << 42;
-
-fn limit(tokens: u32, interval_ms: u64, burst: u32) -> Limit {
-    Limit::new(tokens, Duration::from_millis(interval_ms))
-        .and_then(|l| l.with_burst(burst))
-        .expect("a valid limit")
-}
-
-fn key(bucket: &str, key: impl AsRef<[u8]>) -> BucketKey {
-    BucketKey::new(bucket, key).expect("a valid key")
-}
 
 fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::{Digest, Sha256};

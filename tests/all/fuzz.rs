@@ -3,7 +3,7 @@
 //! a `MemoryStore` with a `ManualClock`.
 //!
 //! CI runs a bounded number of sequences (a few seconds); set `BURSTGATE_FUZZ_CASES` for a longer
-//! run, e.g. `BURSTGATE_FUZZ_CASES=100000 cargo test --release --test fuzz`.
+//! run, e.g. `BURSTGATE_FUZZ_CASES=100000 cargo test --release --test all -- fuzz::`.
 //!
 //! Checked after every step: nothing panics; every error is the typed one the input calls for,
 //! and valid input gets none; `remaining` never exceeds the burst; an admitted wait never exceeds
@@ -19,9 +19,7 @@ use burstgate::{
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence};
 
-const START: u64 = 1_700_000_000_000;
-const MAX_WAIT_MS: u64 = 1 << 44;
-const MAX_SPAN_MS: u64 = 1 << 42;
+use crate::support::{MAX_SPAN_MS, MAX_WAIT_MS, START};
 
 fn cases() -> u32 {
     std::env::var("BURSTGATE_FUZZ_CASES")

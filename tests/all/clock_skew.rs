@@ -9,13 +9,10 @@ use std::time::Duration;
 use burstgate::{BucketKey, BucketStore, Limit, ManualClock, MemoryStore, RedisStore};
 use redis::aio::MultiplexedConnection;
 
-#[path = "support/redis_server.rs"]
-mod redis_server;
+use crate::support::{START, ZERO, redis_server};
 
-const START: u64 = 1_700_000_000_000;
 const MINUTE: u64 = 60_000;
 const YEAR: u64 = 365 * 86_400_000;
-const ZERO: Duration = Duration::ZERO;
 
 /// 1 per minute, burst 10: ten minutes to refill.
 fn limit() -> Limit {

@@ -1,44 +1,45 @@
-//! The reqwest middleware against a real HTTP server (wiremock, with exact `.expect(n)` counts)
-//! and, where buckets are shared between clients, a real Redis.
+//! The reqwest middleware, three ways:
 //!
-//! A real socket forces real time, so these tests use short intervals, measure with
-//! `std::time::Instant`, and keep generous upper bounds. Arrival times are the mock server's own:
-//! a responder records `Instant::now()` when each request reaches it.
+//! - when requests are sent, in what order and how far apart, on tokio's paused clock in front of
+//!   an in-process upstream (`support::upstream`), so every send time is exact;
+//! - the real HTTP path, against a real server (wiremock, with exact `.expect(n)` counts);
+//! - buckets shared between clients through a real Redis. A socket forces real time (paused time
+//!   would jump past every wait for a reply), so these tests use short intervals, measure with
+//!   `std::time::Instant`, and keep generous upper bounds. Arrival times are the mock server's
+//!   own: a responder records `Instant::now()` when each request reaches it.
 #![cfg(feature = "reqwest")]
 
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use burstgate::middleware::{Account, RateLimitMiddleware, Route};
 use burstgate::{
-    BucketKey, BucketState, BucketStore, Clock, Decision, Limit, MemoryStore, RateLimited,
-    StoreError,
+    BucketKey, BucketState, BucketStore, Clock, Limit, MemoryStore, RateLimited, TokioClock,
 };
 use reqwest::StatusCode;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use wiremock::matchers::{method, path};
-use wiremock::{Mock, MockServer, Request as MockRequest, Respond, ResponseTemplate};
+use wiremock::{Mock, MockServer, Respond, ResponseTemplate};
 
 #[cfg(feature = "redis")]
-#[path = "support/redis_server.rs"]
-mod redis_server;
-
-/// The stores count whole milliseconds of wall time, so a wait computed from two truncated
-/// readings can end up to a millisecond before the instant it aims at; allow two.
-const CLOCK_SLACK: Duration = Duration::from_millis(2);
-
-fn limit(tokens: u32, interval_ms: u64, burst: u32) -> Limit {
-    Limit::new(tokens, Duration::from_millis(interval_ms))
-        .and_then(|l| l.with_burst(burst))
-        .expect("a valid limit")
-}
+use crate::support::redis_server;
+use crate::support::upstream::{BASE, Upstream};
+use crate::support::{SlowReplies, key, limit};
 
 fn route(bucket: &str, limit: Limit, pattern: &str) -> Route {
     Route::new(bucket, limit, pattern).expect("a valid route")
 }
 
-fn key(bucket: &str, account: &str) -> BucketKey {
-    BucketKey::new(bucket, account).expect("a valid key")
+/// A middleware on a `MemoryStore`, both on tokio's clock, for the tests on paused time.
+fn on_tokio_time() -> (
+    MemoryStore<TokioClock>,
+    RateLimitMiddleware<MemoryStore<TokioClock>, TokioClock>,
+) {
+    let clock = TokioClock::new();
+    let store = MemoryStore::with_clock(clock);
+    (
+        store.clone(),
+        RateLimitMiddleware::new(store).with_clock(clock),
+    )
 }
 
 fn client<St, K>(middleware: RateLimitMiddleware<St, K>) -> ClientWithMiddleware
@@ -94,46 +95,6 @@ async fn peek_until(
     }
 }
 
-/// The mock server's own request log: when each request reached it, by the test's clock.
-#[derive(Debug, Clone, Default)]
-struct Arrivals(Arc<Mutex<Vec<Instant>>>);
-
-impl Arrivals {
-    /// A responder that records each arrival, then answers with `template`.
-    fn answer(&self, template: ResponseTemplate) -> Recorded {
-        Recorded {
-            arrivals: self.clone(),
-            template,
-        }
-    }
-
-    fn sorted(&self) -> Vec<Instant> {
-        let mut times = self
-            .0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        times.sort();
-        times
-    }
-}
-
-struct Recorded {
-    arrivals: Arrivals,
-    template: ResponseTemplate,
-}
-
-impl Respond for Recorded {
-    fn respond(&self, _: &MockRequest) -> ResponseTemplate {
-        self.arrivals
-            .0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(Instant::now());
-        self.template.clone()
-    }
-}
-
 async fn mock(server: &MockServer, at: &str, answer: impl Respond + 'static, times: u64) {
     Mock::given(method("GET"))
         .and(path(at))
@@ -144,30 +105,24 @@ async fn mock(server: &MockServer, at: &str, answer: impl Respond + 'static, tim
         .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[tokio::test(start_paused = true)]
 async fn a_full_burst_goes_out_at_once_and_the_eleventh_waits_one_interval() {
-    let server = MockServer::start().await;
-    let arrivals = Arrivals::default();
-    mock(
-        &server,
-        "/orders",
-        arrivals.answer(ResponseTemplate::new(200)),
-        11,
-    )
-    .await;
+    let upstream = Upstream::answering(StatusCode::OK);
     let orders = limit(1, 300, 10);
-    let client = client(
-        RateLimitMiddleware::new(MemoryStore::new()).route(route("orders", orders, "/orders")),
-    );
-    let url = format!("{}/orders", server.uri());
+    let (_, middleware) = on_tokio_time();
+    let client = upstream.client(middleware.route(route("orders", orders, "/orders")));
+    let url = format!("{BASE}/orders");
 
-    let start = Instant::now();
+    let start = tokio::time::Instant::now();
     let mut calls = Vec::new();
     for _ in 0..11 {
         let (client, url) = (client.clone(), url.clone());
         calls.push(tokio::spawn(async move {
             let status = get(&client, &url, Some("seller-1")).await;
-            (status.map_err(|e| e.to_string()), start.elapsed())
+            (
+                status.map_err(|e| e.to_string()),
+                start.elapsed().as_millis(),
+            )
         }));
     }
     let mut done = Vec::new();
@@ -177,21 +132,11 @@ async fn a_full_burst_goes_out_at_once_and_the_eleventh_waits_one_interval() {
         done.push(elapsed);
     }
     done.sort();
-    assert!(done[9] < Duration::from_millis(250), "the burst: {done:?}");
-    assert!(
-        done[10] >= Duration::from_millis(300) - CLOCK_SLACK
-            && done[10] < Duration::from_millis(1500),
-        "the eleventh: {done:?}"
-    );
-
-    let sent: Vec<Duration> = arrivals.sorted().iter().map(|t| *t - start).collect();
-    assert_eq!(sent.len(), 11);
-    assert!(sent[9] < Duration::from_millis(250), "the burst: {sent:?}");
-    assert!(
-        sent[10] >= Duration::from_millis(300) - CLOCK_SLACK,
-        "the eleventh was sent early: {sent:?}"
-    );
-    server.verify().await;
+    // Ten at once, the eleventh one interval later, to the millisecond.
+    let burst_then_one = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 300];
+    assert_eq!(done, burst_then_one, "answered");
+    assert_eq!(upstream.sent_ms_since(start), burst_then_one, "sent");
+    assert_eq!(upstream.count("/orders"), 11);
 }
 
 #[tokio::test]
@@ -252,29 +197,20 @@ async fn the_local_429_is_a_rate_limited_error_and_the_request_is_never_sent() {
     server.verify().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn a_request_dropped_while_it_waits_gives_its_turn_back() {
-    let server = MockServer::start().await;
-    let arrivals = Arrivals::default();
-    mock(
-        &server,
-        "/orders",
-        arrivals.answer(ResponseTemplate::new(200)),
-        2,
-    )
-    .await;
+    let upstream = Upstream::answering(StatusCode::OK);
     let orders = limit(1, 1_000, 1);
-    let store = MemoryStore::new();
-    let client =
-        client(RateLimitMiddleware::new(store.clone()).route(route("orders", orders, "/orders")));
-    let url = format!("{}/orders", server.uri());
+    let (store, middleware) = on_tokio_time();
+    let client = upstream.client(middleware.route(route("orders", orders, "/orders")));
+    let url = format!("{BASE}/orders");
 
-    let start = Instant::now();
+    let start = tokio::time::Instant::now();
     assert_eq!(
         get(&client, &url, Some("a")).await.ok(),
         Some(StatusCode::OK)
     );
-    // Reserved for ~1 s from now, abandoned after 100 ms.
+    // Reserved for 1 s from now, abandoned after 100 ms.
     let abandoned =
         tokio::time::timeout(Duration::from_millis(100), get(&client, &url, Some("a"))).await;
     assert!(
@@ -293,71 +229,25 @@ async fn a_request_dropped_while_it_waits_gives_its_turn_back() {
         get(&client, &url, Some("a")).await.ok(),
         Some(StatusCode::OK)
     );
-    let sent: Vec<Duration> = arrivals.sorted().iter().map(|t| *t - start).collect();
-    assert_eq!(sent.len(), 2);
-    assert!(
-        sent[1] >= Duration::from_millis(1_000) - CLOCK_SLACK
-            && sent[1] < Duration::from_millis(1_500),
-        "{sent:?}"
-    );
-    server.verify().await;
+    assert_eq!(upstream.sent_ms_since(start), [0, 1_000]);
 }
 
-/// A store whose replies arrive `delay` after it has decided, like a slow Redis.
-#[derive(Debug, Clone)]
-struct SlowReplies<S> {
-    inner: S,
-    delay: Duration,
-}
-
-impl<S: BucketStore + Clone> BucketStore for SlowReplies<S> {
-    async fn acquire(
-        &self,
-        key: &BucketKey,
-        limit: Limit,
-        cost: u32,
-        max_wait: Duration,
-    ) -> Result<Decision, StoreError> {
-        let decision = self.inner.acquire(key, limit, cost, max_wait).await;
-        tokio::time::sleep(self.delay).await;
-        decision
-    }
-
-    async fn peek(&self, key: &BucketKey, limit: Limit) -> Result<BucketState, StoreError> {
-        self.inner.peek(key, limit).await
-    }
-
-    async fn refund(
-        &self,
-        key: &BucketKey,
-        limit: Limit,
-        reservation: burstgate::Reservation,
-    ) -> Result<(), StoreError> {
-        self.inner.refund(key, limit, reservation).await
-    }
-
-    async fn drain_until(
-        &self,
-        key: &BucketKey,
-        limit: Limit,
-        until: SystemTime,
-    ) -> Result<(), StoreError> {
-        self.inner.drain_until(key, limit, until).await
-    }
-}
-
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_request_dropped_while_the_store_answers_leaves_nothing_behind() {
-    let server = MockServer::start().await;
-    mock(&server, "/orders", ResponseTemplate::new(200), 1).await;
+    let upstream = Upstream::answering(StatusCode::OK);
     let orders = limit(1, 10_000, 1);
-    let memory = MemoryStore::new();
+    let clock = TokioClock::new();
+    let memory = MemoryStore::with_clock(clock);
     let store = SlowReplies {
         inner: memory.clone(),
         delay: Duration::from_millis(200),
     };
-    let client = client(RateLimitMiddleware::new(store).route(route("orders", orders, "/orders")));
-    let url = format!("{}/orders", server.uri());
+    let client = upstream.client(
+        RateLimitMiddleware::new(store)
+            .with_clock(clock)
+            .route(route("orders", orders, "/orders")),
+    );
+    let url = format!("{BASE}/orders");
     let bucket = key("orders", "a");
 
     assert_eq!(
@@ -374,7 +264,7 @@ async fn a_request_dropped_while_the_store_answers_leaves_nothing_behind() {
         quota.next_token_in() <= Duration::from_secs(10),
         "the abandoned reservation is still owed: {quota:?}"
     );
-    server.verify().await;
+    assert_eq!(upstream.count("/orders"), 1, "only the first was sent");
 }
 
 #[tokio::test]
@@ -512,21 +402,22 @@ async fn unmatched_requests_draw_from_the_default_route_when_set() {
     server.verify().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn error_cost_makes_a_4xx_answer_cost_that_many_tokens() {
-    let server = MockServer::start().await;
-    mock(&server, "/ok", ResponseTemplate::new(200), 2).await;
-    mock(&server, "/bad", ResponseTemplate::new(400), 2).await;
-    mock(&server, "/broken", ResponseTemplate::new(500), 1).await;
+    let upstream = Upstream::by_path(|path| match path {
+        "/ok" => StatusCode::OK,
+        "/bad" => StatusCode::BAD_REQUEST,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    });
     let api = limit(1, 100, 10);
-    let store = MemoryStore::new();
-    let client = client(
-        RateLimitMiddleware::new(store.clone())
+    let (store, middleware) = on_tokio_time();
+    let client = upstream.client(
+        middleware
             .route(route("api", api, "/**"))
             .error_cost(std::num::NonZeroU32::new(10).expect("non-zero"))
             .max_wait(Duration::from_secs(5)),
     );
-    let url = |p: &str| format!("{}{p}", server.uri());
+    let url = |p: &str| format!("{BASE}{p}");
 
     assert_eq!(
         get(&client, &url("/ok"), Some("ok")).await.ok(),
@@ -558,18 +449,18 @@ async fn error_cost_makes_a_4xx_answer_cost_that_many_tokens() {
             && quota.next_token_in() <= Duration::from_millis(1_000),
         "{quota:?}"
     );
-    let start = Instant::now();
+    let start = tokio::time::Instant::now();
     assert_eq!(
         get(&client, &url("/ok"), Some("bad")).await.ok(),
         Some(StatusCode::OK)
     );
-    let waited = start.elapsed();
-    assert!(
-        waited >= quota.next_token_in() - Duration::from_millis(50)
-            && waited < Duration::from_millis(1_500),
-        "waited {waited:?}"
+    // Sent when the debt is paid, to the millisecond.
+    assert_eq!(
+        start.elapsed().as_millis(),
+        quota.next_token_in().as_millis()
     );
-    server.verify().await;
+    let sent = ["/ok", "/bad", "/broken"].map(|p| upstream.count(p));
+    assert_eq!(sent, [2, 2, 1], "requests per path");
 }
 
 #[tokio::test]
@@ -645,9 +536,55 @@ mod shared {
     use super::*;
 
     use std::future::Future;
+    use std::sync::{Arc, Mutex, PoisonError};
 
     use burstgate::RedisStore;
     use redis::aio::MultiplexedConnection;
+    use wiremock::{Request as MockRequest, Respond};
+
+    /// The stores count whole milliseconds of wall time, so a wait computed from two truncated
+    /// readings can end up to a millisecond before the instant it aims at; allow two.
+    const CLOCK_SLACK: Duration = Duration::from_millis(2);
+
+    /// The mock server's own request log: when each request reached it, by the test's clock.
+    #[derive(Debug, Clone, Default)]
+    struct Arrivals(Arc<Mutex<Vec<Instant>>>);
+
+    impl Arrivals {
+        /// A responder that records each arrival, then answers with `template`.
+        fn answer(&self, template: ResponseTemplate) -> Recorded {
+            Recorded {
+                arrivals: self.clone(),
+                template,
+            }
+        }
+
+        fn sorted(&self) -> Vec<Instant> {
+            let mut times = self
+                .0
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone();
+            times.sort();
+            times
+        }
+    }
+
+    struct Recorded {
+        arrivals: Arrivals,
+        template: ResponseTemplate,
+    }
+
+    impl Respond for Recorded {
+        fn respond(&self, _: &MockRequest) -> ResponseTemplate {
+            self.arrivals
+                .0
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(Instant::now());
+            self.template.clone()
+        }
+    }
 
     async fn connection() -> MultiplexedConnection {
         redis::Client::open(redis_server::url())

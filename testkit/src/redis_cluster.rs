@@ -5,14 +5,13 @@
 //! [`shared`] starts one cluster per test binary; [`start`] gives a test its own, for tests that
 //! break it (killing a node). The nodes are started through `redis_server::spawn`, so they stop
 //! when the test binary exits even if it panics; an owned [`Cluster`] also stops its nodes when
-//! dropped. The including binary must declare `mod redis_server` at its root.
-#![allow(dead_code, unreachable_pub)]
+//! dropped.
 
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use super::redis_server::{self, Spawned};
+use crate::redis_server::{self, Spawned};
 
 /// How many primaries [`start`] runs. Three is the least `redis-cli --cluster create` accepts.
 pub const PRIMARIES: usize = 3;
@@ -24,8 +23,11 @@ const NODE_ARGS: &str = "--cluster-enabled yes --cluster-node-timeout 2000";
 /// One node: its address, and the server when this binary started it.
 #[derive(Debug, Clone)]
 pub struct Node {
+    /// Its host, as clients reach it.
     pub host: String,
+    /// Its client port.
     pub port: u16,
+    /// The process, when this binary started it (`None` under `REDIS_CLUSTER_NODES`).
     pub server: Option<Spawned>,
     /// False once a test has killed or frozen it: the harness asks it nothing more.
     pub up: bool,
@@ -38,6 +40,7 @@ impl Node {
         format!("{}:{}", self.host, self.port)
     }
 
+    /// `redis://host:port/`.
     pub fn url(&self) -> String {
         format!("redis://{}:{}/", self.host, self.port)
     }
@@ -71,6 +74,7 @@ impl Node {
 /// A running cluster.
 #[derive(Debug)]
 pub struct Cluster {
+    /// Its primaries, in the order they were started (or listed).
     pub nodes: Vec<Node>,
     /// How long the cluster took from the first spawn to `cluster_state:ok` everywhere (zero
     /// for an existing cluster).
@@ -475,7 +479,9 @@ impl Cluster {
 /// What [`Cluster::move_slot`] did.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct MoveReport {
+    /// How many keys were migrated.
     pub keys: usize,
+    /// In how many `MIGRATE` calls.
     pub batches: usize,
 }
 

@@ -2,9 +2,12 @@
 //! slot moved by hand while callers keep deciding (MOVED and ASK), and the script reloaded on
 //! its key's node while another primary is down.
 //!
-//! The harness (tests/support/redis_cluster.rs) starts the cluster; `REDIS_CLUSTER_NODES`
+//! The harness (`burstgate_testkit::redis_cluster`) starts the cluster; `REDIS_CLUSTER_NODES`
 //! points the first two tests at an existing one instead (list its primaries only; the
 //! resharding test moves a few slots of it).
+//!
+//! Each test starts or moves a cluster and keeps it under load for seconds, so the suite is in
+//! the slow tier: `cargo test --all-features --test all -- --ignored cluster::` runs it.
 #![cfg(feature = "redis")]
 
 use std::collections::{HashMap, HashSet};
@@ -15,27 +18,7 @@ use std::time::{Duration, Instant};
 use burstgate::{Breaker, BucketKey, BucketStore, Clock, Limit, ManualClock, RedisStore};
 use redis::cluster_async::ClusterConnection;
 
-#[path = "support/redis_server.rs"]
-mod redis_server;
-
-#[path = "support/redis_cluster.rs"]
-mod redis_cluster;
-
-#[path = "support/scan.rs"]
-mod scan;
-
-const START: u64 = 1_700_000_000_000;
-const ZERO: Duration = Duration::ZERO;
-
-fn limit(tokens: u32, interval_ms: u64, burst: u32) -> Limit {
-    Limit::new(tokens, Duration::from_millis(interval_ms))
-        .and_then(|l| l.with_burst(burst))
-        .expect("a valid limit")
-}
-
-fn key(bucket: &str, key: &str) -> BucketKey {
-    BucketKey::new(bucket, key).expect("a valid key")
-}
+use crate::support::{START, ZERO, key, limit, redis_cluster, redis_server, scan};
 
 async fn store(
     cluster: &redis_cluster::Cluster,
@@ -58,13 +41,14 @@ fn prefix_of(store: &RedisStore<ClusterConnection, ManualClock>) -> String {
 }
 
 #[tokio::test]
+#[ignore = "slow tier: run by .ci/run with --ignored"]
 async fn keys_spread_over_every_primary_and_each_decides_on_its_own() {
     let cluster = redis_cluster::shared();
     eprintln!("cluster started in {:?}", cluster.started_in);
     let store = store(cluster, ManualClock::new(START)).await;
     let l = limit(1, 60_000, 3);
     let keys: Vec<BucketKey> = (0..300)
-        .map(|i| key("spread", &format!("account-{i}")))
+        .map(|i| key("spread", format!("account-{i}")))
         .collect();
 
     // Every key decides on its own bucket: burst 3, then a denial for a full interval.
@@ -198,7 +182,7 @@ async fn reshard_under_load(
     let l = reshard_limit();
     let keys: Arc<Vec<BucketKey>> = Arc::new(
         (0..KEYS)
-            .map(|i| key("reshard", &format!("seller-{i}")))
+            .map(|i| key("reshard", format!("seller-{i}")))
             .collect(),
     );
     let names: Vec<String> = keys.iter().map(|k| store.redis_key(k)).collect();
@@ -393,6 +377,7 @@ async fn reshard_under_load(
 /// The breaker is set so that it never opens: this test is about the move itself. What the
 /// default breaker does with these errors is the next test's subject.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "slow tier: run by .ci/run with --ignored"]
 async fn a_slot_moved_under_load_keeps_its_buckets_and_the_limit() {
     let run = reshard_under_load(|store| {
         store.breaker(Breaker::new(
@@ -469,6 +454,7 @@ async fn a_slot_moved_under_load_keeps_its_buckets_and_the_limit() {
 /// circuit, or a routine resharding fails every key of the store, moving or not, for the
 /// breaker's 500 ms at a time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "slow tier: run by .ci/run with --ignored"]
 async fn a_slot_move_under_load_does_not_open_the_circuit() {
     let run = reshard_under_load(|store| store).await;
     let unavailable: Vec<&Failure> = run
@@ -494,6 +480,7 @@ async fn a_slot_move_under_load_does_not_open_the_circuit() {
 /// (measured: the first fan-out after the kill took 25 ms and succeeded); the next test covers
 /// the node that does not close its connections.
 #[tokio::test]
+#[ignore = "slow tier: run by .ci/run with --ignored"]
 async fn a_flushed_script_reloads_while_an_unrelated_primary_is_down() {
     flushed_script_reloads_with_an_unrelated_primary("seller-1", |cluster, node| {
         cluster.kill(node)
@@ -506,6 +493,7 @@ async fn a_flushed_script_reloads_while_an_unrelated_primary_is_down() {
 /// whose cluster client has no response timeout by default) would wait on it forever; a reload
 /// routed by the key (`EVAL` on the key's primary) never meets it.
 #[tokio::test]
+#[ignore = "slow tier: run by .ci/run with --ignored"]
 async fn a_flushed_script_reloads_while_an_unrelated_primary_hangs() {
     flushed_script_reloads_with_an_unrelated_primary("seller-2", |cluster, node| {
         cluster.freeze(node)

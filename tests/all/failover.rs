@@ -10,8 +10,7 @@ use std::time::{Duration, Instant};
 use burstgate::{BucketKey, BucketStore, Limit, RedisStore};
 use tokio::net::{TcpListener, TcpStream};
 
-#[path = "support/redis_server.rs"]
-mod redis_server;
+use crate::support::redis_server;
 
 /// Forwards every new connection to the port in `target`, as a virtual IP does: connections
 /// already open stay with the node they reached.

@@ -1,9 +1,9 @@
 //! Every key matching a pattern, through `SCAN` (never `KEYS`, which real servers often forbid),
 //! sorted. Shared by the tests that check exactly what reached Redis.
-#![allow(dead_code, unreachable_pub)]
 
 use redis::aio::ConnectionLike;
 
+/// The keys matching `pattern`, sorted. Panics if Redis refuses `SCAN`.
 pub async fn keys_matching(conn: &mut impl ConnectionLike, pattern: &str) -> Vec<String> {
     let mut keys = Vec::new();
     let mut cursor = 0u64;

@@ -1,8 +1,7 @@
 //! A Redis for tests: the one `REDIS_URL` names, or a `redis-server` of our own on a free
 //! loopback port, started once per test binary and stopped when the binary exits.
 //!
-//! Shared by the integration tests, the crate's unit tests and the benches (through `#[path]`).
-#![allow(dead_code, unreachable_pub)]
+//! Shared by the integration tests, the crate's unit tests and the benches.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -83,7 +82,9 @@ fn start() -> Result<String, String> {
 /// A redis-server this test binary started.
 #[derive(Debug, Clone, Copy)]
 pub struct Spawned {
+    /// The loopback port it listens on.
     pub port: u16,
+    /// The process id of the `redis-server`, for [`kill`] and signals.
     pub pid: u32,
 }
 
@@ -148,6 +149,7 @@ pub fn kill(server: Spawned) {
     }
 }
 
+/// A loopback port that was free a moment ago.
 pub fn free_port() -> std::io::Result<u16> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     Ok(listener.local_addr()?.port())

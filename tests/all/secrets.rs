@@ -6,8 +6,7 @@ use burstgate::{BucketKey, BucketStore, KeySecret, Limit, MemoryStore};
 use sha2::{Digest, Sha256};
 
 #[cfg(all(feature = "redis", feature = "reqwest"))]
-#[path = "support/redis_server.rs"]
-mod redis_server;
+use crate::support::redis_server;
 
 /// `Authorization: Basic` of `user:hunter2`: a password an attacker would guess first.
 const BASIC: &str = "Basic dXNlcjpodW50ZXIy";

@@ -2,7 +2,6 @@
 //! time paused (`TokioClock` follows tokio's clock) or a `ManualClock`, so every time is exact.
 #![cfg(feature = "tower")]
 
-use std::convert::Infallible;
 use std::future::{Future, poll_fn};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -21,11 +20,8 @@ use tokio::time::Instant;
 use tower::{Layer, Service, ServiceExt};
 use tower_test::mock;
 
-type Req = Request<String>;
-type Res = Response<String>;
-
-const API_KEY: HeaderName = HeaderName::from_static("x-api-key");
-const ZERO: Duration = Duration::ZERO;
+use crate::support::layer::{API_KEY, Req, Res, call, counting};
+use crate::support::{SlowReplies, ZERO};
 
 /// "1 per minute, burst 10": nothing refills while a test runs unless it sleeps.
 fn orders() -> Limit {
@@ -64,37 +60,6 @@ fn header<'a>(res: &'a Res, name: &str) -> Option<&'a str> {
     res.headers()
         .get(name)
         .map(|v| v.to_str().expect("an ASCII header value"))
-}
-
-async fn call<S>(svc: &mut S, req: Req) -> Res
-where
-    S: Service<Req, Response = Res>,
-    S::Error: std::fmt::Debug,
-{
-    svc.ready()
-        .await
-        .expect("the service is ready")
-        .call(req)
-        .await
-        .expect("the layer answers with a response")
-}
-
-/// An inner service that answers "ok" and counts its calls.
-fn counting(
-    calls: &Arc<AtomicUsize>,
-) -> impl Service<
-    Req,
-    Response = Res,
-    Error = Infallible,
-    Future = impl Future<Output = Result<Res, Infallible>> + Send + use<>,
-> + Clone
-+ Send
-+ use<> {
-    let calls = Arc::clone(calls);
-    tower::service_fn(move |_req: Req| {
-        calls.fetch_add(1, Ordering::SeqCst);
-        async { Ok::<_, Infallible>(Response::new(String::from("ok"))) }
-    })
 }
 
 /// A request that reached the mock inner service: when (since `answer` was called) and its id.
@@ -471,47 +436,6 @@ async fn dropping_a_request_while_a_later_rule_is_deciding_refunds_the_earlier_r
     assert_eq!(calls.load(Ordering::SeqCst), 0);
 }
 
-/// A store that decides, then takes a second to answer: a slow Redis that has already run the
-/// script.
-#[derive(Clone)]
-struct SlowToAnswer(MemoryStore<TokioClock>);
-
-impl BucketStore for SlowToAnswer {
-    async fn acquire(
-        &self,
-        key: &BucketKey,
-        limit: Limit,
-        cost: u32,
-        max_wait: Duration,
-    ) -> Result<Decision, StoreError> {
-        let decision = self.0.acquire(key, limit, cost, max_wait).await;
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        decision
-    }
-
-    async fn peek(&self, key: &BucketKey, limit: Limit) -> Result<BucketState, StoreError> {
-        self.0.peek(key, limit).await
-    }
-
-    async fn refund(
-        &self,
-        key: &BucketKey,
-        limit: Limit,
-        reservation: burstgate::Reservation,
-    ) -> Result<(), StoreError> {
-        self.0.refund(key, limit, reservation).await
-    }
-
-    async fn drain_until(
-        &self,
-        key: &BucketKey,
-        limit: Limit,
-        until: SystemTime,
-    ) -> Result<(), StoreError> {
-        self.0.drain_until(key, limit, until).await
-    }
-}
-
 /// The layer's half of the cancellation rule (`docs/DESIGN.md#cancellation`): the decision runs
 /// inside the request's future, so a request dropped while the store answers leaves the tokens
 /// the store took spent, the safe direction. (The middleware refunds them instead.)
@@ -519,7 +443,12 @@ impl BucketStore for SlowToAnswer {
 async fn a_request_dropped_while_the_store_answers_leaves_its_tokens_spent() {
     let memory = MemoryStore::with_clock(TokioClock::new());
     let calls = Arc::new(AtomicUsize::new(0));
-    let mut svc = RateLimitLayer::new(SlowToAnswer(memory.clone()))
+    // It decides, then takes a second to answer: a slow Redis that has already run the script.
+    let slow = SlowReplies {
+        inner: memory.clone(),
+        delay: Duration::from_secs(1),
+    };
+    let mut svc = RateLimitLayer::new(slow)
         .rule(per_key(orders()))
         .layer(counting(&calls));
     let k1 = header_bucket("per-key", "k1");
@@ -803,10 +732,7 @@ async fn a_failing_store_answers_503_without_calling_the_inner_service() {
 }
 
 #[cfg(feature = "redis")]
-#[path = "support/failing_connection.rs"]
-mod failing_connection;
-#[cfg(feature = "redis")]
-use failing_connection::FailingConnection;
+use crate::support::failing_connection::FailingConnection;
 
 #[tokio::test(start_paused = true)]
 async fn a_cost_of_zero_or_above_the_burst_answers_500() {

@@ -3,19 +3,14 @@
 #![cfg(feature = "redis")]
 
 use std::hash::{BuildHasher, Hasher};
+#[cfg(feature = "tls")]
 use std::time::Duration;
 
 use burstgate::{BucketKey, BucketStore, Limit, ManualClock, RedisStore, StoreError};
 use redis::aio::MultiplexedConnection;
 use sha2::{Digest, Sha256};
 
-#[path = "support/redis_server.rs"]
-mod redis_server;
-#[path = "support/scan.rs"]
-mod scan;
-
-const START: u64 = 1_700_000_000_000;
-const ZERO: Duration = Duration::ZERO;
+use crate::support::{START, ZERO, redis_server, scan};
 
 fn limit() -> Limit {
     Limit::per_minute(1)

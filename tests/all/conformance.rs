@@ -11,26 +11,9 @@ use burstgate::{
     StoreError,
 };
 
+use crate::support::{START, ZERO, key, limit};
 #[cfg(feature = "redis")]
-#[path = "support/redis_server.rs"]
-mod redis_server;
-
-#[cfg(feature = "redis")]
-#[path = "support/redis_cluster.rs"]
-mod redis_cluster;
-
-const START: u64 = 1_700_000_000_000;
-const ZERO: Duration = Duration::ZERO;
-
-fn limit(tokens: u32, interval_ms: u64, burst: u32) -> Limit {
-    Limit::new(tokens, Duration::from_millis(interval_ms))
-        .and_then(|l| l.with_burst(burst))
-        .expect("a valid limit")
-}
-
-fn key(bucket: &str, key: &str) -> BucketKey {
-    BucketKey::new(bucket, key).expect("a valid key")
-}
+use crate::support::{redis_cluster, redis_server};
 
 /// The cases. Each takes a function that builds a fresh, empty store on the given clock.
 mod cases {

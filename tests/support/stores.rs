@@ -1,0 +1,49 @@
+//! Stores that wrap another to misbehave the way a real backend does.
+
+use std::time::{Duration, SystemTime};
+
+use burstgate::{BucketKey, BucketState, BucketStore, Decision, Limit, Reservation, StoreError};
+
+/// A store whose replies arrive `delay` after it has decided, like a slow Redis that has already
+/// run the script: what a caller that gives up meanwhile leaves behind.
+#[derive(Debug, Clone)]
+pub(crate) struct SlowReplies<S> {
+    pub(crate) inner: S,
+    pub(crate) delay: Duration,
+}
+
+impl<S: BucketStore + Clone> BucketStore for SlowReplies<S> {
+    async fn acquire(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+        cost: u32,
+        max_wait: Duration,
+    ) -> Result<Decision, StoreError> {
+        let decision = self.inner.acquire(key, limit, cost, max_wait).await;
+        tokio::time::sleep(self.delay).await;
+        decision
+    }
+
+    async fn peek(&self, key: &BucketKey, limit: Limit) -> Result<BucketState, StoreError> {
+        self.inner.peek(key, limit).await
+    }
+
+    async fn refund(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+        reservation: Reservation,
+    ) -> Result<(), StoreError> {
+        self.inner.refund(key, limit, reservation).await
+    }
+
+    async fn drain_until(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+        until: SystemTime,
+    ) -> Result<(), StoreError> {
+        self.inner.drain_until(key, limit, until).await
+    }
+}
