@@ -198,7 +198,8 @@
 //! |-----------|---------|-----------------|
 //! | `redis`   | yes     | [`RedisStore`], on redis-rs with tokio. |
 //! | `tower`   | no      | The tower layer `RateLimitLayer` in [`layer`], for HTTP services (axum, hyper, tonic, tower-http clients). |
-//! | `axum`    | no      | Lets [`layer::KeyExtractor::peer_ip`] and [`layer::KeyExtractor::client_ip`] read axum's `ConnectInfo<SocketAddr>`; implies `tower`. |
+//! | `axum`    | no      | Lets [`layer::KeyExtractor::peer_ip`] and [`layer::KeyExtractor::client_ip`] read axum's `ConnectInfo<SocketAddr>`, and makes [`layer::RateLimitInfo`] an extractor; implies `tower`. |
+//! | `metrics` | no      | Counters, a histogram and gauges through the `metrics` facade, listed in [`metrics`](mod@metrics). |
 //! | `reqwest` | no      | The reqwest-middleware `RateLimitMiddleware` in [`middleware`], for clients of rate-limited APIs. |
 //! | `seller`  | no      | The [`seller`] module: one seller API's published limits as ready routes for the middleware; implies `reqwest`. |
 //! | `quanta`  | no      | [`QuantaClock`], a cheaper clock for [`MemoryStore`], on the quanta crate's CPU counter. |
@@ -267,6 +268,9 @@ mod key;
 #[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 pub mod layer;
 mod limit;
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub mod metrics;
 #[cfg(feature = "reqwest")]
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
 pub mod middleware;
@@ -282,6 +286,9 @@ pub use clock::QuantaClock;
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use clock::ServerClock;
 pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+pub use error::MissingRateLimitInfo;
 pub use error::{BackendError, InvalidKey, InvalidLimit, InvalidName, RateLimited, StoreError};
 pub use key::{BucketKey, BucketName, KeySecret};
 #[cfg(feature = "tower")]

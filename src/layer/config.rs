@@ -5,9 +5,14 @@ use std::time::Duration;
 
 use http::HeaderValue;
 
+use http::request::Parts;
+
 use super::Rule;
 use super::headers;
+use super::observe::DecisionHook;
 use super::rejection::Rejection;
+
+pub(crate) type SkipFn = std::sync::Arc<dyn Fn(&Parts) -> bool + Send + Sync>;
 
 /// Behind an `Arc`, shared by a [`RateLimitLayer`](super::RateLimitLayer) and every service it
 /// makes; the layer's builder copies it on write.
@@ -19,6 +24,11 @@ pub(crate) struct Config<St> {
     pub(crate) max_wait: Duration,
     pub(crate) headers_on_success: bool,
     pub(crate) rejection: Rejection,
+    /// Every rule in shadow mode.
+    pub(crate) shadow: bool,
+    /// Requests no rule applies to.
+    pub(crate) skip: Option<SkipFn>,
+    pub(crate) on_decision: Option<DecisionHook>,
 }
 
 impl<St: Clone> Clone for Config<St> {
@@ -30,6 +40,9 @@ impl<St: Clone> Clone for Config<St> {
             max_wait: self.max_wait,
             headers_on_success: self.headers_on_success,
             rejection: self.rejection.clone(),
+            shadow: self.shadow,
+            skip: self.skip.clone(),
+            on_decision: self.on_decision.clone(),
         }
     }
 }
@@ -56,6 +69,12 @@ impl<St: fmt::Debug> fmt::Debug for Config<St> {
             .field("max_wait", &self.max_wait)
             .field("headers_on_success", &self.headers_on_success)
             .field("rejection_status", &self.rejection.status)
+            .field("shadow", &self.shadow)
+            .field("skip", &self.skip.as_ref().map(|_| "Fn(&Parts) -> bool"))
+            .field(
+                "on_decision",
+                &self.on_decision.as_ref().map(|_| "Fn(&DecisionEvent)"),
+            )
             .finish_non_exhaustive()
     }
 }

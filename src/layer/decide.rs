@@ -10,9 +10,11 @@ use http::Response;
 
 use super::config::Config;
 use super::headers::{self, Item};
+use super::info::RateLimitInfo;
+use super::observe::{DecisionEvent, Outcome};
 use super::rejection;
 use crate::cancel::RefundGuard;
-use crate::{BucketKey, BucketStore, Decision, RateLimited};
+use crate::{BucketKey, BucketStore, Decision, Limit, RateLimited, StoreError};
 
 /// A list kept inline while it holds one item. Most requests meet one rule or two, and a `Vec`
 /// for the single one would be an allocation per request.
@@ -67,11 +69,22 @@ impl<T> IntoIterator for Few<T> {
     }
 }
 
-/// One rule that applies to a request: its bucket and the request's cost there.
+/// One rule that applies to a request: its bucket, and the request's cost and limit there.
 pub(crate) struct Planned {
     pub(crate) rule: usize,
     pub(crate) key: BucketKey,
     pub(crate) cost: u32,
+    pub(crate) limit: Limit,
+}
+
+/// A rule's decision on a request that is going on: admitted, or refused by a rule in shadow
+/// mode, whose refusal lets the request through.
+struct Taken {
+    rule: usize,
+    key: BucketKey,
+    decision: Decision,
+    cost: u32,
+    limit: Limit,
 }
 
 /// What the rules decided for one request.
@@ -83,6 +96,8 @@ pub(crate) enum Verdict<St: BucketStore + Clone, R> {
         guard: Option<RefundGuard<St>>,
         /// `RateLimit-Policy` and `RateLimit` for the response.
         ratelimit: Option<(http::HeaderValue, http::HeaderValue)>,
+        /// For the request's extensions; `None` when no rule decided.
+        info: Option<RateLimitInfo>,
     },
     /// Answered without calling the inner service: a rule refused (the rejection), or the store
     /// could not decide (503, or 500 for a misconfigured rule). Either way everything taken by
@@ -92,7 +107,8 @@ pub(crate) enum Verdict<St: BucketStore + Clone, R> {
 
 /// Checks every rule in order, taking (or reserving) tokens as it goes. When a rule refuses,
 /// the tokens taken by the rules before it are given back before answering, so a refused request
-/// spends nothing.
+/// spends nothing. A rule in shadow mode decides without waiting, and its refusal (or its store's
+/// failure) is reported, never acted on.
 pub(crate) async fn decide<St: BucketStore + Clone, B: From<String>>(
     config: Arc<Config<St>>,
     plan: Few<Planned>,
@@ -100,15 +116,22 @@ pub(crate) async fn decide<St: BucketStore + Clone, B: From<String>>(
     // Made on the first tokens it must hold, so that a request that goes at once on one rule
     // never clones the store for it.
     let mut guard: Option<RefundGuard<St>> = None;
-    let mut decisions: Few<(usize, Decision, u32)> = Few::default();
+    let mut taken: Few<Taken> = Few::default();
     let mut wait = Duration::ZERO;
     let mut refused = None;
     let count = plan.len();
     for (n, p) in plan.into_iter().enumerate() {
         let rule = &config.rules[p.rule];
+        let shadow = config.shadow || rule.shadow;
+        // A shadow rule only reports: making a request wait would be acting on it.
+        let max_wait = if shadow {
+            Duration::ZERO
+        } else {
+            config.max_wait
+        };
         let result = config
             .store
-            .acquire(&p.key, rule.limit, p.cost, config.max_wait)
+            .acquire(&p.key, p.limit, p.cost, max_wait)
             .await;
         match result {
             Ok(d) if d.is_admitted() => {
@@ -129,45 +152,62 @@ pub(crate) async fn decide<St: BucketStore + Clone, B: From<String>>(
                 {
                     guard
                         .get_or_insert_with(|| RefundGuard::new(config.store.clone()))
-                        .push(p.key, rule.limit, reservation);
+                        .push(p.key.clone(), p.limit, reservation);
                 }
-                decisions.push((p.rule, d, p.cost));
+                taken.push(Taken {
+                    rule: p.rule,
+                    key: p.key,
+                    decision: d,
+                    cost: p.cost,
+                    limit: p.limit,
+                });
             }
-            Ok(d) => {
-                tracing::debug!(
-                    bucket = rule.bucket(),
-                    key = %p.key.fingerprint(),
-                    remaining = d.remaining(),
-                    retry_ms = d.wait().as_millis() as u64,
-                    "rate limited"
-                );
-                refused = Some((p.rule, Ok(d)));
-                break;
-            }
-            Err(e) => {
-                refused = Some((p.rule, Err(e)));
+            Ok(d) if shadow => taken.push(Taken {
+                rule: p.rule,
+                key: p.key,
+                decision: d,
+                cost: p.cost,
+                limit: p.limit,
+            }),
+            Err(e) if shadow => observe_failure(&config, &p, &e),
+            outcome => {
+                refused = Some((p, outcome));
                 break;
             }
         }
     }
     // One refund point after the loop, rather than one in each arm, keeps this future (boxed
     // once per request) small.
-    if let Some((rule, outcome)) = refused {
+    if let Some((p, outcome)) = refused {
         if let Some(guard) = &mut guard {
             guard.refund_all().await;
         }
         return Verdict::Reject(match outcome {
-            Ok(d) => reject(&config, decisions.as_slice(), rule, &d),
-            Err(e) => rejection::store_failure(config.rules[rule].bucket(), &e),
+            Ok(d) => {
+                observe(&config, &p.key, p.rule, p.limit, Outcome::Limited, &d);
+                reject(&config, taken.as_slice(), &p, &d)
+            }
+            Err(e) => {
+                observe_failure(&config, &p, &e);
+                rejection::store_failure(&e)
+            }
         });
     }
+    let applied = taken.as_slice();
+    for t in applied {
+        let outcome = if t.decision.is_admitted() {
+            Outcome::Admitted
+        } else {
+            Outcome::ShadowLimited
+        };
+        observe(&config, &t.key, t.rule, t.limit, outcome, &t.decision);
+    }
     let ratelimit = if config.headers_on_success {
-        let applied = decisions.as_slice();
-        let policy = config.policy(applied.iter().map(|(i, _, _)| *i), applied.len());
+        let policy = policy(&config, applied.iter().map(|t| (t.rule, t.limit)));
         let items = headers::ratelimit(
             applied
                 .iter()
-                .map(|(i, d, _)| Item::admitted(config.rules[*i].bucket(), d)),
+                .map(|t| Item::admitted(config.rules[t.rule].bucket(), &t.decision)),
         );
         policy.zip(items)
     } else {
@@ -177,22 +217,155 @@ pub(crate) async fn decide<St: BucketStore + Clone, B: From<String>>(
         wait,
         guard,
         ratelimit,
+        info: info(&config, applied),
     }
 }
 
-/// The rejection when rule number `rule` refused with `d`, after the rules in `applied` took
-/// their tokens and gave them back.
+/// The tightest rule's decision, for the handler; `None` when no rule decided (a shadow rule
+/// whose store failed).
+fn info<St>(config: &Config<St>, applied: &[Taken]) -> Option<RateLimitInfo> {
+    let t = applied.iter().min_by_key(|t| t.decision.remaining())?;
+    Some(RateLimitInfo {
+        rule: config.rules[t.rule].bucket_name().clone(),
+        limit: t.limit,
+        remaining: t.decision.remaining(),
+        resets_in: t.decision.resets_in(),
+        shadow_limited: applied.iter().any(|t| !t.decision.is_admitted()),
+    })
+}
+
+/// `RateLimit-Policy` for the rules numbered in `applied`, each with the limit it applied: the
+/// prebuilt items while every limit is its rule's own, built afresh for a dynamic one.
+fn policy<St>(
+    config: &Config<St>,
+    applied: impl Iterator<Item = (usize, Limit)> + Clone,
+) -> Option<http::HeaderValue> {
+    if applied.clone().all(|(i, l)| config.rules[i].limit == l) {
+        let count = applied.clone().count();
+        return config.policy(applied.map(|(i, _)| i), count);
+    }
+    let items: Vec<http::HeaderValue> = applied
+        .filter_map(|(i, l)| headers::policy_item(config.rules[i].bucket(), l))
+        .collect();
+    headers::policy(items.iter())
+}
+
+/// Counts, reports and (at most once per rule and period) logs one rule's decision.
+fn observe<St>(
+    config: &Config<St>,
+    key: &BucketKey,
+    rule: usize,
+    limit: Limit,
+    outcome: Outcome,
+    d: &Decision,
+) {
+    let r = &config.rules[rule];
+    r.observer.count(r.bucket(), outcome);
+    if let Some(hook) = &config.on_decision {
+        hook(&DecisionEvent {
+            rule: r.bucket(),
+            outcome,
+            key,
+            limit,
+            remaining: d.remaining(),
+            wait: d.wait(),
+            retry_after: d.retry_after(),
+            error: None,
+        });
+    }
+    if outcome == Outcome::Admitted {
+        return;
+    }
+    tracing::debug!(
+        bucket = r.bucket(),
+        key = %key.fingerprint(),
+        remaining = d.remaining(),
+        retry_ms = d.wait().as_millis() as u64,
+        outcome = outcome.as_str(),
+        "rate limited"
+    );
+    if let Some(suppressed) = r.observer.limited.admit() {
+        let retry_ms = d.retry_after().unwrap_or_default().as_millis() as u64;
+        if outcome == Outcome::ShadowLimited {
+            tracing::info!(
+                bucket = r.bucket(),
+                key = %key.fingerprint(),
+                retry_ms,
+                suppressed,
+                "request would be rate limited (shadow mode; let through)"
+            );
+        } else {
+            tracing::info!(
+                bucket = r.bucket(),
+                key = %key.fingerprint(),
+                retry_ms,
+                suppressed,
+                "request rate limited"
+            );
+        }
+    }
+}
+
+/// Counts, reports and (at most once per rule and period) logs a store's failure to decide.
+fn observe_failure<St>(config: &Config<St>, p: &Planned, e: &StoreError) {
+    let r = &config.rules[p.rule];
+    r.observer.count(r.bucket(), Outcome::Error);
+    if let Some(hook) = &config.on_decision {
+        hook(&DecisionEvent {
+            rule: r.bucket(),
+            outcome: Outcome::Error,
+            key: &p.key,
+            limit: p.limit,
+            remaining: 0,
+            wait: Duration::ZERO,
+            retry_after: None,
+            error: Some(e),
+        });
+    }
+    match e {
+        // The store's circuit breaker logged the outage when it opened.
+        StoreError::Unavailable { .. } => {
+            tracing::debug!(bucket = r.bucket(), error = %e, "rate limit store unavailable");
+        }
+        StoreError::ZeroCost | StoreError::CostAboveBurst { .. } => {
+            if let Some(suppressed) = r.observer.failed.admit() {
+                tracing::error!(
+                    bucket = r.bucket(),
+                    error = %e,
+                    suppressed,
+                    "rate limit rule misconfigured"
+                );
+            }
+        }
+        _ => {
+            if let Some(suppressed) = r.observer.failed.admit() {
+                tracing::error!(
+                    bucket = r.bucket(),
+                    error = %e,
+                    suppressed,
+                    "rate limit store failed"
+                );
+            }
+        }
+    }
+}
+
+/// The rejection when rule `p` refused with `d`, after the rules in `applied` took their
+/// tokens and gave them back.
 fn reject<St, B: From<String>>(
     config: &Config<St>,
-    applied: &[(usize, Decision, u32)],
-    rule: usize,
+    applied: &[Taken],
+    p: &Planned,
     d: &Decision,
 ) -> Response<B> {
     let retry = d.retry_after().unwrap_or(Duration::ZERO);
-    let refusing = &config.rules[rule];
-    let policy = config.policy(
-        applied.iter().map(|(i, _, _)| *i).chain([rule]),
-        applied.len() + 1,
+    let refusing = &config.rules[p.rule];
+    let policy = policy(
+        config,
+        applied
+            .iter()
+            .map(|t| (t.rule, t.limit))
+            .chain([(p.rule, p.limit)]),
     );
     let denied = Item {
         name: refusing.bucket(),
@@ -201,9 +374,16 @@ fn reject<St, B: From<String>>(
     };
     let items = applied
         .iter()
-        .map(|(i, d, cost)| Item::refunded(config.rules[*i].bucket(), d, *cost))
+        .map(|t| {
+            let name = config.rules[t.rule].bucket();
+            if t.decision.is_admitted() {
+                Item::refunded(name, &t.decision, t.cost)
+            } else {
+                Item::admitted(name, &t.decision)
+            }
+        })
         .chain([denied]);
     let ratelimit = headers::ratelimit(items);
-    let limited = || RateLimited::new(retry, refusing.limit, refusing.bucket(), d.remaining());
+    let limited = || RateLimited::new(retry, p.limit, refusing.bucket(), d.remaining());
     config.rejection.respond(retry, limited, policy, ratelimit)
 }

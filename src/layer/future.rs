@@ -131,7 +131,7 @@ where
                     req,
                 } => {
                     let verdict = ready!(decision.as_mut().poll(cx));
-                    let (Some(mut inner), Some(req)) = (inner.take(), req.take()) else {
+                    let (Some(mut inner), Some(mut req)) = (inner.take(), req.take()) else {
                         panic!("{POLLED_AFTER_DONE}");
                     };
                     match verdict {
@@ -139,7 +139,11 @@ where
                             wait,
                             guard,
                             ratelimit,
+                            info,
                         } if wait.is_zero() => {
+                            if let Some(info) = info {
+                                req.extensions_mut().insert(info);
+                            }
                             if let Some(guard) = guard {
                                 guard.disarm();
                             }
@@ -150,7 +154,11 @@ where
                             wait,
                             guard,
                             ratelimit,
+                            info,
                         } => {
+                            if let Some(info) = info {
+                                req.extensions_mut().insert(info);
+                            }
                             let parked = Box::pin(Parked {
                                 sleep: tokio::time::sleep(wait),
                                 guard,

@@ -2,11 +2,13 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use http::request::Parts;
 use http::{HeaderName, HeaderValue, StatusCode};
 use tower_layer::Layer;
 
 use super::config::Config;
 use super::headers;
+use super::observe::DecisionEvent;
 use super::rejection::Rejection;
 use super::{RateLimit, Rule};
 use crate::{BucketStore, RateLimited};
@@ -32,6 +34,9 @@ impl<St: BucketStore + Clone> RateLimitLayer<St> {
                 max_wait: Duration::ZERO,
                 headers_on_success: true,
                 rejection: Rejection::default(),
+                shadow: false,
+                skip: None,
+                on_decision: None,
             }),
         }
     }
@@ -88,6 +93,70 @@ impl<St: BucketStore + Clone> RateLimitLayer<St> {
         body: impl Fn(&RateLimited) -> String + Send + Sync + 'static,
     ) -> Self {
         Arc::make_mut(&mut self.config).rejection.body = Some(Arc::new(body));
+        self
+    }
+}
+
+impl<St: Clone> RateLimitLayer<St> {
+    /// Shadow (dry-run) mode for every rule (see [`Rule::shadow`]): requests are decided,
+    /// counted and reported, and none is refused or made to wait. Admitted responses carry the
+    /// `RateLimit` fields as usual (unless [`headers_on_success`](Self::headers_on_success) is
+    /// off), so clients can see the limit coming.
+    #[must_use]
+    pub fn shadow(mut self, on: bool) -> Self {
+        Arc::make_mut(&mut self.config).shadow = on;
+        self
+    }
+
+    /// Requests for which `skip` returns `true` bypass every rule: no tokens, no fields, no
+    /// decision reported. For health checks, metrics scrapes and trusted internal callers; it
+    /// sees the request's head, so an allow-list of addresses or keys is a lookup here.
+    ///
+    /// ```
+    /// use burstgate::{Limit, MemoryStore, RateLimitLayer};
+    /// use burstgate::layer::{KeyExtractor, Rule};
+    ///
+    /// let layer = RateLimitLayer::new(MemoryStore::new())
+    ///     .rule(Rule::new("per-ip", Limit::per_second(10)?, KeyExtractor::peer_ip())?)
+    ///     .skip(|req| req.uri.path() == "/healthz");
+    /// # let _ = layer;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use]
+    pub fn skip(mut self, skip: impl Fn(&Parts) -> bool + Send + Sync + 'static) -> Self {
+        Arc::make_mut(&mut self.config).skip = Some(Arc::new(skip));
+        self
+    }
+
+    /// Calls `hook` with each rule's decision (see [`DecisionEvent`] for which decisions are
+    /// reported), on the request's task, before the response is sent: for OpenTelemetry,
+    /// audit logs or metrics of your own. Keep it short; it runs on every request a rule
+    /// applies to.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::sync::atomic::{AtomicU64, Ordering};
+    /// use burstgate::{Limit, MemoryStore, RateLimitLayer};
+    /// use burstgate::layer::{KeyExtractor, Outcome, Rule};
+    ///
+    /// let refused = Arc::new(AtomicU64::new(0));
+    /// let counter = Arc::clone(&refused);
+    /// let layer = RateLimitLayer::new(MemoryStore::new())
+    ///     .rule(Rule::new("global", Limit::per_second(100)?, KeyExtractor::global())?)
+    ///     .on_decision(move |event| {
+    ///         if event.outcome() == Outcome::Limited {
+    ///             counter.fetch_add(1, Ordering::Relaxed);
+    ///         }
+    ///     });
+    /// # let _ = layer;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use]
+    pub fn on_decision(
+        mut self,
+        hook: impl Fn(&DecisionEvent<'_>) + Send + Sync + 'static,
+    ) -> Self {
+        Arc::make_mut(&mut self.config).on_decision = Some(Arc::new(hook));
         self
     }
 }

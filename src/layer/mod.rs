@@ -6,17 +6,21 @@ mod config;
 mod decide;
 mod future;
 mod headers;
+mod info;
 mod ip;
 #[allow(clippy::module_inception)] // the tower-http layout: layer.rs, service.rs, future.rs
 mod layer;
+mod observe;
 mod proxies;
 mod rejection;
 mod rule;
 mod service;
 
 pub use self::future::ResponseFuture;
+pub use self::info::RateLimitInfo;
 pub use self::ip::Ipv6Prefix;
 pub use self::layer::RateLimitLayer;
+pub use self::observe::{DecisionEvent, Outcome};
 pub use self::proxies::{ForwardedHeader, InvalidProxy, TrustedProxies};
 pub use self::rule::{KeyExtractor, MissingKey, Rule};
 pub use self::service::RateLimit;

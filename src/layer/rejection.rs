@@ -96,21 +96,15 @@ pub(crate) fn missing_body(status: StatusCode) -> &'static str {
     }
 }
 
-/// The answer when the store could not decide on rule `bucket`: a 500 for a misconfigured rule,
-/// else a 503 (with `Retry-After` while the store's circuit breaker is open).
-pub(crate) fn store_failure<B: From<String>>(bucket: &str, e: &StoreError) -> Response<B> {
+/// The answer when the store could not decide: a 500 for a misconfigured rule, else a 503 (with
+/// `Retry-After` while the store's circuit breaker is open). The rule loop logged it.
+pub(crate) fn store_failure<B: From<String>>(e: &StoreError) -> Response<B> {
     match e {
-        StoreError::ZeroCost | StoreError::CostAboveBurst { .. } => {
-            tracing::error!(bucket, error = %e, "rate limit rule misconfigured");
-            failure(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "rate limit rule misconfigured",
-            )
-        }
+        StoreError::ZeroCost | StoreError::CostAboveBurst { .. } => failure(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "rate limit rule misconfigured",
+        ),
         StoreError::Unavailable { retry_in } => {
-            // The store's circuit breaker logged the outage when it opened; one event per
-            // request while it stays open would only flood the log.
-            tracing::debug!(bucket, error = %e, "rate limit store unavailable; answering 503");
             let mut res = failure(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "rate limiter unavailable, try again shortly",
@@ -120,12 +114,9 @@ pub(crate) fn store_failure<B: From<String>>(bucket: &str, e: &StoreError) -> Re
                 .insert(RETRY_AFTER, HeaderValue::from(secs));
             res
         }
-        _ => {
-            tracing::error!(bucket, error = %e, "rate limit store failed; answering 503");
-            failure(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "rate limiter unavailable, try again shortly",
-            )
-        }
+        _ => failure(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "rate limiter unavailable, try again shortly",
+        ),
     }
 }

@@ -9,6 +9,7 @@ use http::{HeaderName, HeaderValue, StatusCode};
 
 use super::headers;
 use super::ip::{IpText, Ipv6Prefix, peer_ip};
+use super::observe::RuleObserver;
 use super::proxies::TrustedProxies;
 use crate::{BucketKey, BucketName, InvalidKey, InvalidName, KeySecret, Limit};
 
@@ -38,13 +39,19 @@ pub struct Rule {
     pub(crate) limit: Limit,
     pub(crate) key: KeyExtractor,
     cost: Option<CostFn>,
-    /// This rule's item of `RateLimit-Policy`, which never changes.
+    /// The request's limit, when it is not always `limit`.
+    dynamic: Option<LimitFn>,
+    /// Decides and counts, never refuses.
+    pub(crate) shadow: bool,
+    /// This rule's item of `RateLimit-Policy` for `limit`, which never changes.
     pub(crate) policy: HeaderValue,
     /// `None` until the user chooses: pass, and say so once.
     missing: Option<MissingKey>,
     /// Whether the first request without a key was logged. Shared by the rule's clones (one
     /// per service in axum), so a rule warns once, not once per connection.
     warned: Arc<AtomicBool>,
+    /// The rule's log gates and metrics, shared by its clones for the same reason.
+    pub(crate) observer: Arc<RuleObserver>,
 }
 
 /// What a [`Rule`] does with a request its extractor finds no key for, chosen with
@@ -86,6 +93,7 @@ pub enum MissingKey {
 }
 
 type CostFn = Arc<dyn Fn(&Parts) -> u32 + Send + Sync>;
+type LimitFn = Arc<dyn Fn(&Parts) -> Limit + Send + Sync>;
 
 impl Rule {
     /// A rule named `bucket` (1 to 64 ASCII letters, digits, `_`, `.` or `-`; it names the
@@ -102,9 +110,12 @@ impl Rule {
             limit,
             key,
             cost: None,
+            dynamic: None,
+            shadow: false,
             policy,
             missing: None,
             warned: Arc::new(AtomicBool::new(false)),
+            observer: Arc::new(RuleObserver::new()),
         })
     }
 
@@ -133,21 +144,89 @@ impl Rule {
         }
     }
 
+    /// Takes each request's limit from `limit`, which sees the request's head: a plan or tier
+    /// that an authentication layer put in the extensions, or a limit read from configuration
+    /// that may change while the service runs. The limit given to [`new`](Self::new) is the
+    /// one [`limit`](Self::limit) reports; return it as the fallback.
+    ///
+    /// The store keeps only each bucket's tokens, so a new limit applies from the next request
+    /// on: a bucket holding more tokens than a lower burst allows is capped to it, and a higher
+    /// burst fills at the new rate. The function runs on every request the rule applies to;
+    /// keep it to a lookup.
+    ///
+    /// ```
+    /// use std::sync::{Arc, RwLock};
+    /// use burstgate::Limit;
+    /// use burstgate::layer::{KeyExtractor, Rule};
+    ///
+    /// /// What an authentication layer puts in the request's extensions.
+    /// #[derive(Clone, Copy)]
+    /// enum Plan { Free, Pro }
+    ///
+    /// let free = Limit::per_minute(60)?;
+    /// // Reloaded from configuration while the service runs.
+    /// let pro = Arc::new(RwLock::new(Limit::per_second(50)?.with_burst(100)?));
+    /// let reloaded = Arc::clone(&pro);
+    /// let per_key = Rule::new(
+    ///     "per-key",
+    ///     free,
+    ///     KeyExtractor::header(http::HeaderName::from_static("x-api-key")),
+    /// )?
+    /// .dynamic_limit(move |req| match req.extensions.get::<Plan>() {
+    ///     Some(Plan::Pro) => reloaded.read().map_or(free, |l| *l),
+    ///     Some(Plan::Free) | None => free,
+    /// });
+    /// // Later, on a configuration reload:
+    /// *pro.write().map_err(|_| "lock poisoned")? = Limit::per_second(80)?.with_burst(160)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use]
+    pub fn dynamic_limit(self, limit: impl Fn(&Parts) -> Limit + Send + Sync + 'static) -> Self {
+        Self {
+            dynamic: Some(Arc::new(limit)),
+            ..self
+        }
+    }
+
+    /// Shadow (dry-run) mode for this rule: it decides and takes tokens as usual, and its
+    /// decisions are counted and reported (as `shadow_limited` when it would have refused), but
+    /// it never refuses a request nor makes one wait. The way to roll a new limit out: watch
+    /// what it would do, then turn shadow mode off. [`RateLimitLayer::shadow`] puts every rule
+    /// in shadow mode.
+    ///
+    /// [`RateLimitLayer::shadow`]: super::RateLimitLayer::shadow
+    #[must_use]
+    pub fn shadow(self, on: bool) -> Self {
+        Self { shadow: on, ..self }
+    }
+
+    /// Whether the rule is in [`shadow`](Self::shadow) mode.
+    pub fn is_shadow(&self) -> bool {
+        self.shadow
+    }
+
     /// The bucket name.
     pub fn bucket(&self) -> &str {
         self.bucket.as_str()
     }
 
-    /// The limit.
+    /// The limit given to [`new`](Self::new); a [`dynamic_limit`](Self::dynamic_limit) may
+    /// choose another per request.
     pub fn limit(&self) -> Limit {
         self.limit
     }
 
-    /// What the rule makes of a request: its bucket and cost, or why it has none.
+    /// The bucket name, shared.
+    pub(crate) fn bucket_name(&self) -> &BucketName {
+        &self.bucket
+    }
+
+    /// What the rule makes of a request: its bucket, cost and limit, or why it has none.
     pub(crate) fn plan(&self, parts: &Parts) -> Plan {
         if let Some(key) = self.key.extract(&self.bucket, parts) {
             let cost = self.cost.as_ref().map_or(1, |f| f(parts));
-            return Plan::Apply(key, cost);
+            let limit = self.dynamic.as_ref().map_or(self.limit, |f| f(parts));
+            return Plan::Apply(key, cost, limit);
         }
         match self.missing {
             Some(MissingKey::Pass) => Plan::Skip,
@@ -183,8 +262,8 @@ impl Rule {
 
 /// What a rule makes of one request.
 pub(crate) enum Plan {
-    /// The rule applies: the bucket and the request's cost there.
-    Apply(BucketKey, u32),
+    /// The rule applies: the bucket, the request's cost there and its limit.
+    Apply(BucketKey, u32, Limit),
     /// The rule does not apply.
     Skip,
     /// The request has no key and the rule refuses it with this status.
@@ -198,6 +277,11 @@ impl fmt::Debug for Rule {
             .field("limit", &self.limit)
             .field("key", &self.key)
             .field("cost", &self.cost.as_ref().map(|_| "Fn(&Parts) -> u32"))
+            .field(
+                "dynamic_limit",
+                &self.dynamic.as_ref().map(|_| "Fn(&Parts) -> Limit"),
+            )
+            .field("shadow", &self.shadow)
             .field("missing_key", &self.missing)
             .finish()
     }
@@ -461,7 +545,7 @@ mod tests {
     impl Plan {
         fn applied(self) -> Option<(BucketKey, u32)> {
             match self {
-                Plan::Apply(key, cost) => Some((key, cost)),
+                Plan::Apply(key, cost, _) => Some((key, cost)),
                 Plan::Skip | Plan::Refuse(_) => None,
             }
         }

@@ -40,9 +40,21 @@ where
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let (parts, body) = req.into_parts();
         let mut plan = Few::default();
+        if let Some(skip) = &self.config.skip
+            && skip(&parts)
+        {
+            let clone = self.inner.clone();
+            let inner = mem::replace(&mut self.inner, clone);
+            return ResponseFuture::call(inner, Request::from_parts(parts, body), None);
+        }
         for (rule, r) in self.config.rules.iter().enumerate() {
             match r.plan(&parts) {
-                Plan::Apply(key, cost) => plan.push(Planned { rule, key, cost }),
+                Plan::Apply(key, cost, limit) => plan.push(Planned {
+                    rule,
+                    key,
+                    cost,
+                    limit,
+                }),
                 Plan::Skip => {}
                 // Before any store call, so a refused request has taken no tokens. The inner
                 // service stays here, ready, for the next request.

@@ -23,6 +23,7 @@ mod fuzz;
 mod layer;
 mod layer_http;
 mod layer_keys;
+mod layer_ops;
 mod middleware;
 mod outage;
 mod paused_time;

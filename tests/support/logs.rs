@@ -58,6 +58,16 @@ impl Captured {
             .collect()
     }
 
+    /// The fields of each `INFO` event.
+    #[cfg(feature = "tower")]
+    pub(crate) fn infos(&self) -> Vec<String> {
+        self.events()
+            .iter()
+            .filter(|e| e.level == Level::INFO)
+            .map(|e| e.fields.clone())
+            .collect()
+    }
+
     /// The level and message of each event whose target is `target`.
     #[cfg(feature = "redis")]
     pub(crate) fn messages(&self, target: &str) -> Vec<(Level, String)> {

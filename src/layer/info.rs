@@ -1,0 +1,100 @@
+//! The decision on an admitted request, handed to the handler through the request's extensions.
+
+use std::time::Duration;
+
+use crate::{BucketName, Limit};
+
+/// What the layer decided for an admitted request, put in the request's extensions before the
+/// inner service is called, so a handler can show a client its quota or price by it. With the
+/// `axum` feature it is an extractor (`RateLimitInfo` or `Option<RateLimitInfo>`).
+///
+/// When several rules applied, it describes the tightest: the one with the fewest whole tokens
+/// left (the first of them on a tie), which is the one that will refuse this client first.
+///
+/// ```
+/// use std::convert::Infallible;
+/// use burstgate::{Limit, MemoryStore};
+/// use burstgate::layer::{KeyExtractor, RateLimitInfo, RateLimitLayer, Rule};
+/// use http::{Request, Response};
+/// use tower::{Layer, Service, ServiceExt};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let mut svc = RateLimitLayer::new(MemoryStore::new())
+///     .rule(Rule::new("global", Limit::per_minute(10)?, KeyExtractor::global())?)
+///     .layer(tower::service_fn(|req: Request<String>| async move {
+///         let left = req.extensions().get::<RateLimitInfo>().map_or(0, |i| i.remaining());
+///         Ok::<_, Infallible>(Response::new(format!("{left} requests left")))
+///     }));
+/// let res = svc.ready().await?.call(Request::new(String::new())).await?;
+/// assert_eq!(res.into_body(), "9 requests left");
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RateLimitInfo {
+    pub(crate) rule: BucketName,
+    pub(crate) limit: Limit,
+    pub(crate) remaining: u32,
+    pub(crate) resets_in: Duration,
+    pub(crate) shadow_limited: bool,
+}
+
+impl RateLimitInfo {
+    /// The rule's bucket name.
+    pub fn rule(&self) -> &str {
+        self.rule.as_str()
+    }
+
+    /// The limit that rule applied to the request.
+    pub fn limit(&self) -> Limit {
+        self.limit
+    }
+
+    /// Whole tokens left in the bucket after this request.
+    pub fn remaining(&self) -> u32 {
+        self.remaining
+    }
+
+    /// How long until the bucket is full again.
+    pub fn resets_in(&self) -> Duration {
+        self.resets_in
+    }
+
+    /// Whether a rule in [shadow mode](super::Rule::shadow) would have refused the request.
+    pub fn shadow_limited(&self) -> bool {
+        self.shadow_limited
+    }
+}
+
+#[cfg(feature = "axum")]
+mod extract {
+    use axum::extract::{FromRequestParts, OptionalFromRequestParts};
+    use http::request::Parts;
+
+    use super::RateLimitInfo;
+    use crate::error::MissingRateLimitInfo;
+
+    impl<S: Send + Sync> FromRequestParts<S> for RateLimitInfo {
+        type Rejection = MissingRateLimitInfo;
+
+        async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+            parts
+                .extensions
+                .get::<RateLimitInfo>()
+                .cloned()
+                .ok_or(MissingRateLimitInfo)
+        }
+    }
+
+    impl<S: Send + Sync> OptionalFromRequestParts<S> for RateLimitInfo {
+        type Rejection = std::convert::Infallible;
+
+        async fn from_request_parts(
+            parts: &mut Parts,
+            _: &S,
+        ) -> Result<Option<Self>, Self::Rejection> {
+            Ok(parts.extensions.get::<RateLimitInfo>().cloned())
+        }
+    }
+}
