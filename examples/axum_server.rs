@@ -11,11 +11,18 @@
 //! - `RATE`: tokens per second (default 10);
 //! - `BURST`: the bucket's capacity (default 10);
 //! - `REDIS_URL`: when set, the buckets live in that Redis (keys under `burstgate-example:`),
-//!   shared by every copy of the server that reaches it; otherwise they live in this process.
+//!   shared by every copy of the server that reaches it; otherwise they live in this process;
+//! - `SHADOW`: `1` puts the limit in shadow mode: requests over it are counted as
+//!   `shadow_limited` and let through (`0` or unset: enforced);
+//! - `METRICS_BIND`: with the `metrics` feature, serves the metrics in Prometheus's text format
+//!   at `/metrics` on this address (e.g. `127.0.0.1:9100`).
 //!
 //! ```sh
 //! BIND=127.0.0.1:3000 cargo run --example axum_server --features tower
 //! curl -i -H 'x-api-key: k1' http://127.0.0.1:3000/
+//!
+//! METRICS_BIND=127.0.0.1:9100 cargo run --example axum_server --features tower,metrics
+//! curl http://127.0.0.1:9100/metrics
 //! ```
 //!
 //! The `flood` tool (`tools/src/flood.rs`, `cargo run -p burstgate-tools --bin flood`) checks
@@ -52,39 +59,90 @@ async fn main() -> Result<(), Box<dyn Error>> {
         .and_then(|l| l.with_burst(burst))
         .map_err(|e| Startup(format!("RATE={rate} BURST={burst}: {e}")))?;
 
+    let shadow = match var("SHADOW")?.as_deref().map(str::trim) {
+        None | Some("0") => false,
+        Some("1") => true,
+        Some(v) => return Err(Startup(format!("SHADOW must be 0 or 1, got {v:?}")).into()),
+    };
+    // Before the first request: each rule registers its counters with the recorder installed
+    // when it first decides.
+    if let Some(addr) = var("METRICS_BIND")? {
+        serve_metrics(&addr).await?;
+    }
+
     let (app, store) = match var("REDIS_URL")? {
-        Some(url) => redis_app(&url, limit).await?,
-        None => (app(MemoryStore::new(), limit)?, "memory".to_owned()),
+        Some(url) => redis_app(&url, limit, shadow).await?,
+        None => (app(MemoryStore::new(), limit, shadow)?, "memory".to_owned()),
     };
 
     let listener = tokio::net::TcpListener::bind(bind)
         .await
         .map_err(|e| Startup(format!("cannot listen on {bind}: {e}")))?;
     println!(
-        "listening on http://{}, store: {store}, limit per x-api-key: {rate} per second, burst {burst}",
-        listener.local_addr()?
+        "listening on http://{}, store: {store}, limit per x-api-key: {rate} per second, burst {burst}{}",
+        listener.local_addr()?,
+        if shadow { " (shadow mode)" } else { "" }
     );
     axum::serve(listener, app).await?;
     Ok(())
 }
 
+/// Installs the Prometheus recorder and serves what it renders at `/metrics` on `addr`.
+#[cfg(feature = "metrics")]
+async fn serve_metrics(addr: &str) -> Result<(), Box<dyn Error>> {
+    let addr: SocketAddr = addr.parse().map_err(|e| {
+        Startup(format!(
+            "METRICS_BIND must be an address such as 127.0.0.1:9100, got {addr:?}: {e}"
+        ))
+    })?;
+    let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|e| Startup(format!("cannot install the metrics recorder: {e}")))?;
+    burstgate::metrics::describe();
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| Startup(format!("cannot listen on {addr}: {e}")))?;
+    println!("metrics at http://{}/metrics", listener.local_addr()?);
+    let metrics = Router::new().route("/metrics", get(move || std::future::ready(handle.render())));
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, metrics).await {
+            eprintln!("the metrics server stopped: {e}");
+        }
+    });
+    Ok(())
+}
+
+#[cfg(not(feature = "metrics"))]
+async fn serve_metrics(_addr: &str) -> Result<(), Box<dyn Error>> {
+    Err(
+        Startup("METRICS_BIND is set, but this build lacks the `metrics` feature".to_owned())
+            .into(),
+    )
+}
+
 /// The router: one route, limited per API key on `store`.
-fn app<St>(store: St, limit: Limit) -> Result<Router, Box<dyn Error>>
+fn app<St>(store: St, limit: Limit, shadow: bool) -> Result<Router, Box<dyn Error>>
 where
     St: BucketStore + Clone + Send + Sync + 'static,
 {
-    let layer = RateLimitLayer::new(store).rule(Rule::new(
-        "per-key",
-        limit,
-        KeyExtractor::header(API_KEY.clone()),
-    )?);
+    let layer = RateLimitLayer::new(store)
+        .rule(Rule::new(
+            "per-key",
+            limit,
+            KeyExtractor::header(API_KEY.clone()),
+        )?)
+        .shadow(shadow);
     Ok(Router::new().route("/", get(hello)).layer(layer))
 }
 
 /// The router on the Redis named by `url`, and how to describe the store without the URL (it may
 /// hold a password).
 #[cfg(feature = "redis")]
-async fn redis_app(url: &str, limit: Limit) -> Result<(Router, String), Box<dyn Error>> {
+async fn redis_app(
+    url: &str,
+    limit: Limit,
+    shadow: bool,
+) -> Result<(Router, String), Box<dyn Error>> {
     let client =
         redis::Client::open(url).map_err(|e| Startup(format!("REDIS_URL is not valid: {e}")))?;
     let addr = client.get_connection_info().addr().to_string();
@@ -93,12 +151,16 @@ async fn redis_app(url: &str, limit: Limit) -> Result<(Router, String), Box<dyn 
         .await
         .map_err(|e| Startup(format!("cannot connect to Redis at {addr}: {e}")))?;
     let store = burstgate::RedisStore::new(conn).prefix("burstgate-example")?;
-    let app = app(store, limit)?;
+    let app = app(store, limit, shadow)?;
     Ok((app, format!("redis at {addr}, prefix burstgate-example")))
 }
 
 #[cfg(not(feature = "redis"))]
-async fn redis_app(_url: &str, _limit: Limit) -> Result<(Router, String), Box<dyn Error>> {
+async fn redis_app(
+    _url: &str,
+    _limit: Limit,
+    _shadow: bool,
+) -> Result<(Router, String), Box<dyn Error>> {
     Err(Startup("REDIS_URL is set, but this build lacks the `redis` feature".to_owned()).into())
 }
 
