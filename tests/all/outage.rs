@@ -1071,3 +1071,100 @@ async fn a_refund_goes_to_whichever_store_answers() {
         "Redis's bucket is still empty"
     );
 }
+
+/// With the `metrics` feature: every call Redis saw is timed by operation, a denial the deny
+/// cache answered is counted, and the circuit's state is a gauge.
+#[cfg(feature = "metrics")]
+#[test]
+fn the_store_reports_latency_deny_cache_hits_and_the_circuit() {
+    use metrics_util::debugging::DebuggingRecorder;
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let mut seen = Seen::default();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            let clock = ManualClock::new(START);
+            let conn = Switch::new().await;
+            let store = store(conn.clone(), &clock).breaker(Breaker::new(
+                NonZeroU32::new(2).expect("non-zero"),
+                Duration::from_secs(1),
+            ));
+            let (k, l) = (key("metrics"), limit(1, 1));
+            let admitted = store.acquire(&k, l, 1, ZERO).await.expect("up");
+            assert!(admitted.is_admitted());
+            // Past the script's first load.
+            let before = conn.calls();
+            // The first denial comes from Redis and fills the cache; the next two from the cache.
+            for _ in 0..3 {
+                let denied = store.acquire(&k, l, 1, ZERO).await.expect("up");
+                assert!(!denied.is_admitted());
+            }
+            store.peek(&k, l).await.expect("up");
+            assert_eq!(conn.calls() - before, 2);
+            conn.set(REFUSING);
+            for _ in 0..2 {
+                assert!(store.peek(&k, l).await.is_err());
+            }
+            assert!(store.is_circuit_open());
+            seen.read(&snapshotter);
+            assert_eq!(seen.circuit, Some(1.0));
+            conn.set(UP);
+            skip(Duration::from_secs(1)).await;
+            store.peek(&k, l).await.expect("the probe reaches Redis");
+            assert!(!store.is_circuit_open());
+            seen.read(&snapshotter);
+            assert_eq!(seen.circuit, Some(0.0));
+        });
+    });
+    seen.read(&snapshotter);
+    let mut timed: Vec<(String, usize)> = seen.timed.into_iter().collect();
+    timed.sort();
+    // Two acquires and a peek answered, two peeks refused (each one call, retried inside it),
+    // and the probe.
+    assert_eq!(timed, [("acquire".to_owned(), 2), ("peek".to_owned(), 4)]);
+    assert_eq!(seen.hits, Some(2));
+}
+
+/// What the store's metrics said, gathered over several snapshots (a snapshot takes the
+/// histograms' samples and the counters' counts with it).
+#[cfg(feature = "metrics")]
+#[derive(Default)]
+struct Seen {
+    timed: std::collections::HashMap<String, usize>,
+    hits: Option<u64>,
+    circuit: Option<f64>,
+}
+
+#[cfg(feature = "metrics")]
+impl Seen {
+    fn read(&mut self, snapshotter: &metrics_util::debugging::Snapshotter) {
+        use metrics_util::debugging::DebugValue;
+        for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+            let name = key.key().name().to_owned();
+            let op = key
+                .key()
+                .labels()
+                .find(|l| l.key() == "op")
+                .map(|l| l.value().to_owned());
+            match value {
+                DebugValue::Histogram(samples)
+                    if name == burstgate::metrics::STORE_CALL_SECONDS =>
+                {
+                    *self.timed.entry(op.unwrap_or_default()).or_default() += samples.len();
+                }
+                DebugValue::Counter(n) if name == burstgate::metrics::DENY_CACHE_HITS => {
+                    *self.hits.get_or_insert(0) += n;
+                }
+                DebugValue::Gauge(v) if name == burstgate::metrics::CIRCUIT_OPEN => {
+                    self.circuit = Some(v.into_inner());
+                }
+                _ => {}
+            }
+        }
+    }
+}

@@ -405,6 +405,9 @@ where
         if let Some(cache) = &self.deny {
             match cache.check(key, limit, now, cost_f, max_wait_ms) {
                 Check::Deny(outcome) => {
+                    #[cfg(feature = "metrics")]
+                    metrics::counter!(crate::metrics::DENY_CACHE_HITS, "store" => "redis")
+                        .increment(1);
                     tokio::task::coop::consume_budget().await;
                     return Ok(Decision::new(outcome, limit, cost));
                 }

@@ -372,6 +372,8 @@ impl Circuit {
         // circuit closed, or it would probe a closed circuit.
         if (probe.is_some() || self.is_open()) && self.open_until.swap(0, Ordering::AcqRel) != 0 {
             tracing::info!(target: "burstgate::redis", "redis answered again: circuit closed");
+            #[cfg(feature = "metrics")]
+            metrics::gauge!(crate::metrics::CIRCUIT_OPEN, "store" => "redis").set(0.0);
             // Whichever call closed it, a probe still on its way no longer speaks for the
             // circuit: its failure must not reopen a closed one.
             self.probe.store(0, Ordering::Release);
@@ -415,6 +417,8 @@ impl Circuit {
                 .compare_exchange(0, until, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
         {
+            #[cfg(feature = "metrics")]
+            metrics::gauge!(crate::metrics::CIRCUIT_OPEN, "store" => "redis").set(1.0);
             tracing::warn!(
                 target: "burstgate::redis",
                 failures = failed,

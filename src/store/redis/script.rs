@@ -89,7 +89,16 @@ where
         };
         // Dropped here with the rest of this future if the caller goes away: a probe's ticket
         // then counts as a failure, and the circuit is never left waiting for it.
+        #[cfg(feature = "metrics")]
+        let started = tokio::time::Instant::now();
         let result = tokio::time::timeout(timeout, call).await;
+        #[cfg(feature = "metrics")]
+        metrics::histogram!(
+            crate::metrics::STORE_CALL_SECONDS,
+            "store" => "redis",
+            "op" => args.op.name(),
+        )
+        .record(started.elapsed());
         if let Some(reconnect) = &self.reconnect {
             match &result {
                 // Retried once already: the node was demoted to a replica (a failover), and the

@@ -104,6 +104,19 @@ pub(super) enum Op {
 /// The script's one argument: nine little-endian `f64`s.
 const PACKED_ARGS: usize = 9 * 8;
 
+impl Op {
+    /// The `op` label of the store's call-latency metric.
+    #[cfg(feature = "metrics")]
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Self::Acquire => "acquire",
+            Self::Peek => "peek",
+            Self::Refund => "refund",
+            Self::Drain => "drain",
+        }
+    }
+}
+
 impl Args {
     /// `ARGV[1]` as the script unpacks it: op, now, tokens, interval, capacity, x, max_wait, and
     /// the limit's lead bound and most debt, which the arithmetic derives from the limit and the
