@@ -576,12 +576,11 @@ where
     }
 
     async fn set(&self, key: &BucketKey, limit: Limit, tokens: u32) -> Result<(), StoreError> {
-        let tokens = check_tokens(&limit, tokens)?;
+        check_tokens(&limit, tokens)?;
         let args = Args {
             op: Op::Set,
             limit,
-            // Whole, and at most the burst.
-            x: tokens as u64,
+            x: u64::from(tokens),
             max_wait: 0,
         };
         let now = self.clock.now_ms();
