@@ -33,7 +33,6 @@ pub(crate) const MAX_TIME: u64 = crate::clock::LATEST_MS;
 pub(crate) const MAX_WAIT: u64 = 1 << 44;
 
 /// The most tokens a stored state can hold, under any limit (a burst is a `u32`).
-#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 const MAX_TOKENS: f64 = 4_294_967_296.0;
 
 /// The most steps either walk of [`ready_at`] takes. From a sound state the first estimate is
@@ -461,6 +460,95 @@ fn drain_floor(p: &Params, ts: f64, until: u64) -> f64 {
         0.0
     }
 }
+
+/// Sets the bucket to hold exactly `tokens` (the caller keeps them within the burst) at the
+/// later of `now` and the stored time, refilling from there. Whatever the bucket held or owed
+/// is forgotten: the debt of queued reservations, and the halt of a drain (a store writes no
+/// halt with this state), whose rule that every later reservation is slotted at the halt or
+/// later would no longer hold.
+pub(crate) fn set(p: &Params, state: Option<State>, now: u64, tokens: f64) -> Write {
+    let now = time(now);
+    let (_, _, ts, _) = available(p, state, now);
+    write(p, tokens, ts)
+}
+
+/// Blocks the bucket until `until`: no token is available before it, and the first one is
+/// available at it, to the millisecond. Reservations already queued past `until` keep their
+/// places (the bucket keeps the deeper debt), so the first token is then later. A deadline not
+/// after the later of `now` and the stored time changes nothing, and writes nothing unless a
+/// stored time far ahead was moved back; one more than [`MAX_WAIT`] ahead is taken as that.
+///
+/// Not a drain until one token period before `until`: a drain leaves the debt that refills to
+/// exactly zero at its deadline, so when the token period is a whole number of milliseconds the
+/// first token falls exactly on a millisecond, and the rounding of the two refills decides
+/// whether it is admitted there or a millisecond later. The debt here is the midpoint of the
+/// two refills, to `until` and to one millisecond before it: the bucket holds half a
+/// millisecond's refill more than a token at `until` and half a millisecond's refill less one
+/// millisecond earlier, which no rounding of refills below 2^44 ms reaches.
+pub(crate) fn block_until(
+    p: &Params,
+    state: Option<State>,
+    now: u64,
+    until: u64,
+) -> (Outcome, Option<Write>) {
+    let now = time(now);
+    let (s, avail, ts, clamped) = available(p, state, now);
+    if let Some(until) = block_deadline(ts, until) {
+        let w = write(p, min(avail, block_floor(p, ts, until)), ts);
+        return (w.outcome(), Some(w));
+    }
+    let outcome = Outcome {
+        allowed: false,
+        wait: 0,
+        remaining: whole_tokens(avail),
+        reset: whole(max(0.0, ready_at(p, s.t, s.ts, p.capacity) - ts)),
+        at: whole(ts),
+    };
+    (outcome, clamped.then(|| write(p, s.t, s.ts)))
+}
+
+/// The deadline of a block at `ts`, taken as at most [`MAX_WAIT`] ahead; `None` when it is not
+/// after `ts`.
+fn block_deadline(ts: f64, until: u64) -> Option<f64> {
+    let mut until = time(until);
+    if until > ts + MAX_WAIT as f64 {
+        until = ts + MAX_WAIT as f64;
+    }
+    (until > ts).then_some(until)
+}
+
+/// What a block at `ts` until `until` (from [`block_deadline`]) leaves the bucket holding:
+/// `1 - (refill(e) + refill(e - 1)) / 2` for the `e` milliseconds to the deadline, written out
+/// as the Lua writes it.
+fn block_floor(p: &Params, ts: f64, until: f64) -> f64 {
+    let e = until - ts;
+    1.0 - (e * p.tokens / p.interval + (e - 1.0) * p.tokens / p.interval) / 2.0
+}
+
+/// The halt a [`block_until`] at `now` stores: its deadline (within [`MAX_WAIT`]), which is the
+/// first token after the block on an empty queue, unless a later halt is kept already; the halt
+/// kept, as [`halt`] keeps it, when the deadline is not ahead.
+pub(crate) fn block_halt(p: &Params, state: Option<State>, halt: f64, now: u64, until: u64) -> f64 {
+    let kept = self::halt(p, state, halt, now, None);
+    let (_, _, ts, _) = available(p, state, time(now));
+    match block_deadline(ts, until) {
+        Some(until) => max(kept, until),
+        None => kept,
+    }
+}
+
+/// The write that forgets a bucket, for a store that cannot remove it at once: a state every
+/// operation, under any limit, reads as a missing one (more tokens than any burst holds, so the
+/// bucket is full; stored at time 0, so no clock is behind it and the waits count from the
+/// caller's clock), full since time 0, so that the store drops it with its full buckets.
+pub(crate) const FORGOTTEN: Write = Write {
+    state: State {
+        t: MAX_TOKENS,
+        ts: 0.0,
+    },
+    at: 0.0,
+    full: 0.0,
+};
 
 /// The bucket's halt as a call at `now` sees it, and as the call stores it if it writes: the
 /// time of the first token after the latest drain, before which no reservation may go. A

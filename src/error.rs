@@ -186,6 +186,14 @@ pub enum StoreError {
         /// The limit's burst.
         burst: u32,
     },
+    /// A bucket was [`set`](crate::BucketStore::set) to more tokens than the limit's burst,
+    /// which no bucket of that limit holds. Nothing was changed.
+    TokensAboveBurst {
+        /// The tokens asked for.
+        tokens: u32,
+        /// The limit's burst.
+        burst: u32,
+    },
     /// The store key holds a value that is not a bucket (Redis `WRONGTYPE`): someone else wrote
     /// the key. The call was refused without changing it.
     ///
@@ -240,6 +248,10 @@ impl fmt::Display for StoreError {
             Self::CostAboveBurst { cost, burst } => write!(
                 f,
                 "a cost of {cost} tokens can never be served by a burst of {burst}"
+            ),
+            Self::TokensAboveBurst { tokens, burst } => write!(
+                f,
+                "a bucket of burst {burst} cannot be set to hold {tokens} tokens"
             ),
             Self::WrongType {
                 bucket,

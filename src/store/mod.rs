@@ -132,6 +132,61 @@ pub trait BucketStore: Send + Sync + 'static {
         limit: Limit,
         until: SystemTime,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Forgets the bucket (an admin operation): the next call finds it full, with no halt, as a
+    /// bucket never used. The limit is not needed, since a missing bucket is full under any.
+    ///
+    /// Reservations already granted are not called back. Their holders still send at their
+    /// slots, and the bucket no longer counts the tokens they took, so until the last of those
+    /// slots more than the burst may go: the burst at once, and the reserved requests at their
+    /// slots. That is at most about what refills within the longest `max_wait` callers reserve
+    /// with (under the front ends' default ceiling of two token periods per cost, two tokens
+    /// per cost). The reset also drops any halt, so a holder that checks
+    /// [`BucketState::halts`] is not told either.
+    fn reset(&self, key: &BucketKey) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Sets the bucket to hold exactly `tokens` whole tokens now (an admin operation), refilling
+    /// from now at the limit's rate: 0 empties it, with the first token one token period from
+    /// now; the burst fills it. A `tokens` above the limit's burst is
+    /// [`StoreError::TokensAboveBurst`], never capped in silence. "Now" is the later of the
+    /// store's clock and the bucket's stored time, as for every write.
+    ///
+    /// What the bucket held or owed is replaced, so:
+    ///
+    /// - The debt of queued reservations is forgotten, as with [`reset`](Self::reset): their
+    ///   holders still send at their slots, so until the last of them up to `tokens` plus the
+    ///   tokens they took may go.
+    /// - The halt of an earlier drain or block is dropped, and [`peek`](Self::peek) reports
+    ///   none: a halt means that every reservation granted after it is slotted at it or later,
+    ///   which a bucket set to hold tokens now no longer keeps, so a halt left in place would send
+    ///   reservations granted after the set back to the queue for nothing.
+    fn set(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+        tokens: u32,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Admits nothing before `until`, and a request of one token at `until`, to the millisecond
+    /// (an admin operation): a customer blocked until a time. A request of more tokens goes once
+    /// they have refilled after it.
+    ///
+    /// - Unlike [`drain_until`](Self::drain_until), which empties the bucket *at* its deadline,
+    ///   so that the first token comes one token period later.
+    /// - Reservations granted while the bucket is blocked are slotted at `until` or later.
+    ///   Those queued past `until` already keep their places, and the first admission then
+    ///   comes after them.
+    /// - The block records a halt at `until`, kept if a later one is recorded already, as a
+    ///   drain does: a reservation granted before the block whose slot is earlier must not go at
+    ///   its slot ([`BucketState::halts`]).
+    /// - A `until` not after now changes nothing; one more than 2^44 ms (about 557 years) ahead
+    ///   is taken as that.
+    fn block_until(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+        until: SystemTime,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 }
 
 /// The outcome of [`BucketStore::acquire`]: everything a caller needs, from one store call.
@@ -308,9 +363,11 @@ impl BucketState {
         }
     }
 
-    /// When the latest [`drain_until`](BucketStore::drain_until) of the bucket lets the first
-    /// token go: its deadline plus one token period. `None` when no drain is recorded. A store
-    /// forgets a halt once it is further behind than the limit's refill time plus one interval.
+    /// When the latest [`drain_until`](BucketStore::drain_until) or
+    /// [`block_until`](BucketStore::block_until) of the bucket lets the first token go: a
+    /// drain's deadline plus one token period, a block's deadline. `None` when none is recorded,
+    /// or since a [`reset`](BucketStore::reset) or [`set`](BucketStore::set). A store forgets a
+    /// halt once it is further behind than the limit's refill time plus one interval.
     ///
     /// Like [`Reservation::ready_at`], on the timeline of the store's stored times.
     pub fn halted_until(&self) -> Option<SystemTime> {
@@ -394,6 +451,18 @@ pub(crate) fn check_cost(limit: &Limit, cost: u32) -> Result<f64, StoreError> {
     Ok(f64::from(cost))
 }
 
+/// Checks the tokens a bucket is [`set`](BucketStore::set) to against a limit before any store is
+/// asked.
+pub(crate) fn check_tokens(limit: &Limit, tokens: u32) -> Result<f64, StoreError> {
+    if tokens > limit.burst() {
+        return Err(StoreError::TokensAboveBurst {
+            tokens,
+            burst: limit.burst(),
+        });
+    }
+    Ok(f64::from(tokens))
+}
+
 /// A boxed future, as the object-safe [`DynBucketStore`] returns.
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -428,6 +497,28 @@ pub trait DynBucketStore: Send + Sync + 'static {
 
     /// [`BucketStore::drain_until`], boxed.
     fn drain_until_boxed<'a>(
+        &'a self,
+        key: &'a BucketKey,
+        limit: Limit,
+        until: SystemTime,
+    ) -> Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>>;
+
+    /// [`BucketStore::reset`], boxed.
+    fn reset_boxed<'a>(
+        &'a self,
+        key: &'a BucketKey,
+    ) -> Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>>;
+
+    /// [`BucketStore::set`], boxed.
+    fn set_boxed<'a>(
+        &'a self,
+        key: &'a BucketKey,
+        limit: Limit,
+        tokens: u32,
+    ) -> Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>>;
+
+    /// [`BucketStore::block_until`], boxed.
+    fn block_until_boxed<'a>(
         &'a self,
         key: &'a BucketKey,
         limit: Limit,
@@ -471,6 +562,28 @@ impl<S: BucketStore> DynBucketStore for S {
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(self.drain_until(key, limit, until))
     }
+
+    fn reset_boxed<'a>(&'a self, key: &'a BucketKey) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(self.reset(key))
+    }
+
+    fn set_boxed<'a>(
+        &'a self,
+        key: &'a BucketKey,
+        limit: Limit,
+        tokens: u32,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(self.set(key, limit, tokens))
+    }
+
+    fn block_until_boxed<'a>(
+        &'a self,
+        key: &'a BucketKey,
+        limit: Limit,
+        until: SystemTime,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(self.block_until(key, limit, until))
+    }
 }
 
 impl BucketStore for Arc<dyn DynBucketStore> {
@@ -504,5 +617,22 @@ impl BucketStore for Arc<dyn DynBucketStore> {
         until: SystemTime,
     ) -> Result<(), StoreError> {
         (**self).drain_until_boxed(key, limit, until).await
+    }
+
+    async fn reset(&self, key: &BucketKey) -> Result<(), StoreError> {
+        (**self).reset_boxed(key).await
+    }
+
+    async fn set(&self, key: &BucketKey, limit: Limit, tokens: u32) -> Result<(), StoreError> {
+        (**self).set_boxed(key, limit, tokens).await
+    }
+
+    async fn block_until(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+        until: SystemTime,
+    ) -> Result<(), StoreError> {
+        (**self).block_until_boxed(key, limit, until).await
     }
 }

@@ -401,6 +401,23 @@ impl BucketStore for StuckOn {
     ) -> Result<(), StoreError> {
         self.store.drain_until(key, limit, until).await
     }
+
+    async fn reset(&self, key: &BucketKey) -> Result<(), StoreError> {
+        self.store.reset(key).await
+    }
+
+    async fn set(&self, key: &BucketKey, limit: Limit, tokens: u32) -> Result<(), StoreError> {
+        self.store.set(key, limit, tokens).await
+    }
+
+    async fn block_until(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+        until: SystemTime,
+    ) -> Result<(), StoreError> {
+        self.store.block_until(key, limit, until).await
+    }
 }
 
 /// The tokens an earlier rule took stay guarded while a later rule's store call is in flight:

@@ -14,6 +14,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod admin;
 mod bad_input;
 mod clock_skew;
 mod cluster;

@@ -46,4 +46,21 @@ impl<S: BucketStore + Clone> BucketStore for SlowReplies<S> {
     ) -> Result<(), StoreError> {
         self.inner.drain_until(key, limit, until).await
     }
+
+    async fn reset(&self, key: &BucketKey) -> Result<(), StoreError> {
+        self.inner.reset(key).await
+    }
+
+    async fn set(&self, key: &BucketKey, limit: Limit, tokens: u32) -> Result<(), StoreError> {
+        self.inner.set(key, limit, tokens).await
+    }
+
+    async fn block_until(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+        until: SystemTime,
+    ) -> Result<(), StoreError> {
+        self.inner.block_until(key, limit, until).await
+    }
 }

@@ -26,7 +26,9 @@ use spinning_top::Spinlock;
 use crate::bucket::{self, Params, State, Write};
 use crate::clock::{Clock, SystemClock, deadline_ms, whole_ms};
 use crate::store::sharding::{self, hash};
-use crate::store::{BucketState, BucketStore, Decision, Reservation, StoreError, check_cost};
+use crate::store::{
+    BucketState, BucketStore, Decision, Reservation, StoreError, check_cost, check_tokens,
+};
 use crate::{BucketKey, Limit};
 
 mod halts;
@@ -395,6 +397,61 @@ impl<C: Clock> BucketStore for MemoryStore<C> {
                 let halt = bucket::halt(&p, state, halt, now, Some(until));
                 halts.set(key.as_str(), halt, halt + p.lead(), bucket::time(now));
                 ((), Some(bucket::drain_until(&p, state, now, until)))
+            })
+            .map_err(|Full| self.too_many()),
+        )
+    }
+
+    /// A table never changes once made, so a bucket in one cannot be removed at once: its slot
+    /// is given a state every operation reads as a missing bucket's, full since time 0, which
+    /// the shard's next rebuild drops with the other full buckets (a key among the shard's new
+    /// ones is removed at once). So [`len`](Self::len) may count the bucket until then. A key
+    /// the store does not hold gets no bucket.
+    fn reset(&self, key: &BucketKey) -> impl Future<Output = Result<(), StoreError>> + Send {
+        ready(
+            self.with_bucket(key, |_, now| {
+                self.inner
+                    .halts
+                    .set(key.as_str(), 0.0, 0.0, bucket::time(now));
+                ((), Some(bucket::FORGOTTEN))
+            })
+            .map_err(|Full| self.too_many()),
+        )
+    }
+
+    fn set(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+        tokens: u32,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let result = check_tokens(&limit, tokens).and_then(|tokens| {
+            let p = Params::of(&limit);
+            self.with_bucket(key, |state, now| {
+                self.inner
+                    .halts
+                    .set(key.as_str(), 0.0, 0.0, bucket::time(now));
+                ((), Some(bucket::set(&p, state, now, tokens)))
+            })
+            .map_err(|Full| self.too_many())
+        });
+        ready(result)
+    }
+
+    fn block_until(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+        until: SystemTime,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let p = Params::of(&limit);
+        let until = deadline_ms(until);
+        ready(
+            self.with_bucket(key, |state, now| {
+                let halts = &self.inner.halts;
+                let halt = bucket::block_halt(&p, state, halts.get(key.as_str()), now, until);
+                halts.set(key.as_str(), halt, halt + p.lead(), bucket::time(now));
+                ((), bucket::block_until(&p, state, now, until).1)
             })
             .map_err(|Full| self.too_many()),
         )

@@ -50,6 +50,17 @@ enum Op {
         key: usize,
         ahead_ms: u64,
     },
+    Reset {
+        key: usize,
+    },
+    Set {
+        key: usize,
+        tokens: u32,
+    },
+    Block {
+        key: usize,
+        ahead_ms: u64,
+    },
     Advance(u64),
     Sweep,
 }
@@ -59,6 +70,8 @@ enum Op {
 struct Model {
     states: HashMap<String, State>,
     halts: HashMap<String, f64>,
+    /// Keys reset: the store may count a reset bucket until its shard next rebuilds.
+    reset: std::collections::HashSet<String>,
 }
 
 impl Model {
@@ -115,7 +128,10 @@ fn op(keys: usize) -> impl Strategy<Value = Op> {
             .prop_map(|(key, cost, max_wait_ms)| Op::Acquire { key, cost, max_wait_ms }),
         2 => key.clone().prop_map(|key| Op::Peek { key }),
         1 => (key.clone(), 0u32..=4).prop_map(|(key, cost)| Op::Refund { key, cost }),
-        1 => (key, 0u64..5_000).prop_map(|(key, ahead_ms)| Op::Drain { key, ahead_ms }),
+        1 => (key.clone(), 0u64..5_000).prop_map(|(key, ahead_ms)| Op::Drain { key, ahead_ms }),
+        1 => key.clone().prop_map(|key| Op::Reset { key }),
+        1 => (key.clone(), 0u32..=11).prop_map(|(key, tokens)| Op::Set { key, tokens }),
+        1 => (key, 0u64..5_000).prop_map(|(key, ahead_ms)| Op::Block { key, ahead_ms }),
         3 => prop_oneof![Just(0u64), 0u64..50, 0u64..5_000].prop_map(Op::Advance),
         1 => Just(Op::Sweep),
     ]
@@ -204,11 +220,50 @@ fn run(ops: &[Op], keys: &[BucketKey], limits: &[Limit]) -> Result<(), TestCaseE
                 );
                 model.update(key, Some(w));
             }
+            Op::Reset { key } => {
+                let key = &keys[key];
+                prop_assert!(now_or_never(store.reset(key)).is_ok());
+                model.states.remove(key.as_str());
+                model.halts.remove(key.as_str());
+                model.reset.insert(key.as_str().to_owned());
+            }
+            Op::Set { key, tokens } => {
+                let (key, limit) = (&keys[key], limits[key % limits.len()]);
+                let got = now_or_never(store.set(key, limit, tokens));
+                if tokens > limit.burst() {
+                    prop_assert!(
+                        matches!(got, Err(StoreError::TokensAboveBurst { .. })),
+                        "{:?}",
+                        op
+                    );
+                } else {
+                    prop_assert!(got.is_ok(), "{:?}", op);
+                    let p = Params::of(&limit);
+                    let w = bucket::set(&p, model.state(key), now, f64::from(tokens));
+                    model.update(key, Some(w));
+                    model.halts.remove(key.as_str());
+                }
+            }
+            Op::Block { key, ahead_ms } => {
+                let (key, limit) = (&keys[key], limits[key % limits.len()]);
+                let until = UNIX_EPOCH + Duration::from_millis(now + ahead_ms);
+                prop_assert!(now_or_never(store.block_until(key, limit, until)).is_ok());
+                let (p, deadline) = (Params::of(&limit), deadline_ms(until));
+                let halt = bucket::block_halt(&p, model.state(key), model.halt(key), now, deadline);
+                model.halts.insert(key.as_str().to_owned(), halt);
+                let (_, w) = bucket::block_until(&p, model.state(key), now, deadline);
+                model.update(key, w);
+            }
             Op::Advance(ms) => clock.advance(Duration::from_millis(ms)),
             Op::Sweep => store.sweep(),
         }
     }
-    prop_assert!(store.len() <= model.states.len());
+    let lingering = model
+        .reset
+        .iter()
+        .filter(|k| !model.states.contains_key(*k))
+        .count();
+    prop_assert!(store.len() <= model.states.len() + lingering);
     Ok(())
 }
 
@@ -577,4 +632,58 @@ fn a_shard_full_of_debt_refuses_a_new_key_and_forgets_nothing() {
     let kept = now_or_never(store.peek(&first, limit)).expect("peeks");
     assert_eq!(kept.remaining(), 0, "the bucket in debt is kept");
     assert!(kept.next_token_in() > Duration::from_secs(600));
+}
+
+/// A reset forgets a bucket wherever the store holds it: in a shard's table (decided on without
+/// the shard's lock) or among its new keys. The next call finds it full with no halt, the
+/// shard's next rebuild drops it, and a reset of a key the store does not hold makes no bucket.
+#[test]
+fn a_reset_forgets_a_bucket_in_the_table_and_among_the_new_keys() {
+    let clock = ManualClock::new(START);
+    let store = MemoryStore::with_clock(clock.clone());
+    let limit = Limit::per_hour(1)
+        .and_then(|l| l.with_burst(3))
+        .expect("a valid limit");
+    let (old, new) = (
+        BucketKey::new("reset", "in-table").expect("a valid key"),
+        BucketKey::new("reset", "new").expect("a valid key"),
+    );
+    let spend = |key: &BucketKey| {
+        for _ in 0..3 {
+            let d = now_or_never(store.acquire(key, limit, 1, Duration::ZERO)).expect("decides");
+            assert!(d.is_admitted());
+        }
+        let until = UNIX_EPOCH + Duration::from_millis(START + 60_000);
+        now_or_never(store.drain_until(key, limit, until)).expect("drains");
+    };
+    spend(&old);
+    // A sweep moves the bucket into its shard's table; the next key is new to its shard.
+    store.sweep();
+    spend(&new);
+    assert_eq!(store.len(), 2);
+    for key in [&old, &new] {
+        let before = now_or_never(store.peek(key, limit)).expect("peeks");
+        assert!(before.remaining() == 0 && before.halted_until().is_some());
+        now_or_never(store.reset(key)).expect("resets");
+        let after = now_or_never(store.peek(key, limit)).expect("peeks");
+        assert_eq!((after.remaining(), after.resets_in()), (3, Duration::ZERO));
+        assert_eq!(after.halted_until(), None);
+    }
+    // The key among the new ones is gone at once; the one in the table keeps its slot until
+    // the next rebuild, and spends its burst again through it.
+    assert_eq!(store.len(), 1);
+    for _ in 0..3 {
+        let d = now_or_never(store.acquire(&old, limit, 1, Duration::ZERO)).expect("decides");
+        assert!(d.is_admitted());
+    }
+    let d = now_or_never(store.acquire(&old, limit, 1, Duration::ZERO)).expect("decides");
+    assert_eq!(d.retry_after(), Some(Duration::from_secs(3_600)));
+    store.sweep();
+    assert_eq!(store.len(), 1, "a spent bucket is kept");
+    now_or_never(store.reset(&old)).expect("resets");
+    store.sweep();
+    assert!(store.is_empty());
+    let unknown = BucketKey::new("reset", "never-seen").expect("a valid key");
+    now_or_never(store.reset(&unknown)).expect("resets");
+    assert!(store.is_empty());
 }

@@ -5,14 +5,17 @@
 --          ts = milliseconds since the Unix epoch, keep = the time until which the key is kept
 --          (its expiry, on the callers' clock), each an IEEE 754 double, little-endian; or, while
 --          the bucket has a halt, 32 bytes, struct.pack('<dddd', t, ts, keep, halt): halt = the
---          time of the first token after the latest drain, before which no reservation granted
---          before that drain may go (bucket.rs's halt). A 24-byte value has no halt
+--          time of the first token after the latest drain or block, before which no reservation
+--          granted before it may go (bucket.rs's halt); a set drops it. A 24-byte value has no
+--          halt
 -- ARGV[1]  72 bytes, struct.pack('<ddddddddd', op, now, tokens, interval, capacity, x, max_wait,
---          lead, most_debt): op 1 acquire, 2 peek, 3 refund, 4 drain; interval and max_wait in
---          milliseconds; x is the cost for acquire and refund, the deadline for drain; max_wait
---          is read by acquire, and carries the reservation's slot (ms) for refund; lead (how far
---          a stored time may lead now, ms) and most_debt (tokens) are the limit's, as bucket.rs's
---          Params derives them, passed so that no call works them out again
+--          lead, most_debt): op 1 acquire, 2 peek, 3 refund, 4 drain, 5 set, 6 block; interval
+--          and max_wait in milliseconds; x is the cost for acquire and refund, the deadline for
+--          drain and block, the tokens the bucket is set to for set (the caller keeps them within
+--          the burst); max_wait is read by acquire, and carries the reservation's slot (ms) for
+--          refund; lead (how far a stored time may lead now, ms) and most_debt (tokens) are the
+--          limit's, as bucket.rs's Params derives them, passed so that no call works them out
+--          again. A reset is no operation of the script: the store deletes the key
 -- Returns  one string, or an array of one. An acquire admitted with no wait returns the 24-byte
 --          value it stored: the caller works out remaining and reset from it with the same
 --          arithmetic, since wait is 0, which spares Redis the packing of four numbers on the
@@ -20,9 +23,9 @@
 --          and the caller works out the denial from it. Any other call returns
 --          struct.pack('<ddddd', allowed, wait, remaining, reset, at), all whole numbers (at is the
 --          time the waits count from, ts2 below; for a refund, allowed says whether the tokens
---          went back), and a denial (one that was allowed to wait, not long enough) appends the
---          stored value, as it was read (64 or 72 bytes in all); a peek appends the halt (0 for
---          none), 48 bytes in all.
+--          went back, for a block whether it wrote), and a denial (one that was allowed to wait,
+--          not long enough) appends the stored value, as it was read (64 or 72 bytes in all); a
+--          peek appends the halt (0 for none), 48 bytes in all.
 --
 -- Numbers cross the boundary as their own 8 bytes, both ways, so they round-trip exactly, with
 -- no decimal formatting or parsing (Lua's tostring would keep only 14 digits, and Redis
@@ -161,9 +164,9 @@ local function ready_at(t, ts, target)
   return ts + e
 end
 
--- Every other path: the admission after a wait, the denial, peek, refund and drain. Those that
--- write set t2 and wait, and fall through to the write at the end, made at ts2. Waits count
--- from ts2, the later of now and the stored time.
+-- Every other path: the admission after a wait, the denial, peek, refund, drain, set and block.
+-- Those that write set t2 and wait, and fall through to the write at the end, made at ts2. Waits
+-- count from ts2, the later of now and the stored time.
 local t2, wait
 if op == 1 then
   if max_wait > MAX_WAIT then max_wait = MAX_WAIT end
@@ -229,6 +232,34 @@ elseif op == 4 then
   local first = ready_at(floor, ts2, 1)
   if first > MAX_TIME then first = MAX_TIME end
   if first > halt then halt = first end
+  wait = 0
+elseif op == 5 then
+  -- Exactly x tokens from ts2 on: the debt of queued reservations and the halt are forgotten
+  -- (bucket.rs's set).
+  t2 = x
+  halt = 0
+  wait = 0
+elseif op == 6 then
+  -- No token before the deadline x (at most MAX_WAIT ahead), the first at it: the level is one
+  -- token less the midpoint of the refills to x and to 1 ms before it, unless the bucket owes
+  -- more already (bucket.rs's block_until). A deadline not ahead writes nothing.
+  local deadline = x
+  if deadline > MAX_TIME then deadline = MAX_TIME end
+  if deadline > ts2 + MAX_WAIT then deadline = ts2 + MAX_WAIT end
+  if not (deadline > ts2) then
+    local whole_left = 0
+    if avail > 0 then whole_left = avail - avail % 1 end
+    local to_full = ready_at(t, ts, capacity) - ts2
+    if not (to_full > 0) then to_full = 0 end
+    return struct.pack('<ddddd', 0, 0, whole_left, to_full, ts2)
+  end
+  local span = deadline - ts2
+  local level = 1 - (span * tokens / interval + (span - 1) * tokens / interval) / 2
+  t2 = avail
+  if level < avail then t2 = level end
+  -- The halt: the deadline, which is the first token after the block on an empty queue, unless
+  -- a later one is kept already.
+  if deadline > halt then halt = deadline end
   wait = 0
 else
   return redis.error_reply('burstgate: unknown operation')

@@ -1,8 +1,9 @@
 //! The Lua script against the reference arithmetic, on a real Redis, bit for bit.
 //!
-//! Random traces (limits, times with skew, costs, reservations, refunds, drains) run through
-//! `bucket.rs` and through the script. After every step the two must give the same answer, the
-//! same stored state to the last bit of each `f64`, the same `keep` (until when the key is kept),
+//! Random traces (limits, times with skew, costs, reservations, refunds, drains, sets and
+//! blocks) run through `bucket.rs` and through the script. After every step the two must give
+//! the same answer, the same stored state to the last bit of each `f64`, the same `keep` (until
+//! when the key is kept),
 //! the same halt (and so the same length of the stored value, 24 bytes without one, 32 with),
 //! and the same TTL, or none where the script must keep the expiry; a step that must not write
 //! must leave the key untouched. The mutation test then edits single lines of the script's
@@ -74,12 +75,24 @@ fn random_limit(rng: &mut Rng) -> Limit {
     }
 }
 
-/// One trace: runs `steps` random operations through the reference and through `lua` (the
-/// script's source) on key `key`, and describes the first disagreement.
+/// Which operations a trace draws from. The traces of the decisions are those the mutants of
+/// the decisions' lines were chosen against, kept as they were; the admin traces add sets and
+/// blocks to them, from the same seeds.
+#[derive(Debug, Clone, Copy)]
+enum Family {
+    /// Acquires, reservations, peeks, refunds and drains.
+    Decisions,
+    /// The same, and sets and blocks.
+    Admin,
+}
+
+/// One trace: runs `steps` random operations of `family` through the reference and through
+/// `lua` (the script's source) on key `key`, and describes the first disagreement.
 async fn trace(
     conn: &mut MultiplexedConnection,
     lua: &redis::Script,
     key: &str,
+    family: Family,
     seed: u64,
 ) -> Result<(), String> {
     let mut rng = Rng(seed);
@@ -101,7 +114,11 @@ async fn trace(
         .await
         .map_err(|e| e.to_string())?;
     let steps = 1 + rng.below(40);
-    let mut log = format!("seed {seed}, limit {limit:?}\n");
+    let mut log = format!("{family:?} seed {seed}, limit {limit:?}\n");
+    let ops = match family {
+        Family::Decisions => 10,
+        Family::Admin => 12,
+    };
     // The slots and costs of the admissions so far, for refunds that name one.
     let mut slots: Vec<(u64, u64)> = Vec::new();
     for step in 0..steps {
@@ -125,7 +142,7 @@ async fn trace(
             _ => 1 + rng.below(burst.min(3)),
         };
         let cost_f = cost as f64;
-        let (op, x, max_wait) = match rng.below(10) {
+        let (op, x, max_wait) = match rng.below(ops) {
             0..=3 => (Op::Acquire, cost, 0),
             4 => (Op::Peek, 0, 0),
             5 => {
@@ -149,6 +166,26 @@ async fn trace(
                     _ => rng.below(u64::MAX),
                 };
                 (Op::Drain, until, 0)
+            }
+            10 => {
+                // Empty, full, one short of either, or anything in between.
+                let tokens = match rng.below(4) {
+                    0 => 0,
+                    1 => burst,
+                    2 => rng.pick(&[1, burst.saturating_sub(1)]),
+                    _ => rng.below(burst + 1),
+                };
+                (Op::Set, tokens, 0)
+            }
+            11 => {
+                let until = match rng.below(5) {
+                    0 => now.saturating_sub(rng.below(1000)),
+                    1 => now.saturating_add(1 + rng.below(3)),
+                    2 => now.saturating_add(rng.below(10 * limit.interval_ms() + 1)),
+                    3 => now.saturating_add(bucket::MAX_WAIT - 1 + rng.below(3)),
+                    _ => rng.below(u64::MAX),
+                };
+                (Op::Block, until, 0)
             }
             _ => {
                 let w = plain(now, cost_f);
@@ -200,7 +237,7 @@ impl Stored {
 }
 
 /// One operation of a trace, at `now`: x is the cost for acquire and refund, the deadline for
-/// drain; `max_wait` is the reservation's slot for a refund.
+/// drain and block, the tokens for set; `max_wait` is the reservation's slot for a refund.
 #[derive(Clone, Copy)]
 struct Step {
     now: u64,
@@ -227,9 +264,13 @@ async fn check_step(
 ) -> Result<bucket::Outcome, String> {
     let p = Params::of(&limit);
     let state = stored.state;
-    // The halt the call sees, and stores if it writes.
-    let drain = matches!(op, Op::Drain).then_some(x);
-    let halt = bucket::halt(&p, state, stored.halt, now, drain);
+    // The halt the call sees, and stores if it writes: a set stores none.
+    let halt = match op {
+        Op::Drain => bucket::halt(&p, state, stored.halt, now, Some(x)),
+        Op::Block => bucket::block_halt(&p, state, stored.halt, now, x),
+        Op::Set => 0.0,
+        Op::Acquire | Op::Peek | Op::Refund => bucket::halt(&p, state, stored.halt, now, None),
+    };
     // A stored time beyond the lead bound is moved back and stored at once by every operation
     // but peek, kept by the first estimate of the refill time, with no halt.
     let mut ttl = None;
@@ -251,15 +292,20 @@ async fn check_step(
             let w = bucket::drain_until(&p, state, now, x);
             (w.outcome(), Some(w))
         }
+        Op::Set => {
+            let w = bucket::set(&p, state, now, x as f64);
+            (w.outcome(), Some(w))
+        }
+        Op::Block => bucket::block_until(&p, state, now, x),
     };
     // The TTL the script sets, if it sets one: it keeps the key until full plus one interval,
     // with the first estimate of the refill time after a plain admission, as the script
     // computes it; when the stored keep already covers that, and by no more than one interval
     // beyond, it leaves the expiry alone. The TTL counts from the time of the write.
     let plain = matches!(op, Op::Acquire) && expected.allowed && expected.wait == 0;
-    // A denial, and a refund that gives nothing back, write only the moved stored time, modelled
-    // above.
-    let denial = matches!(op, Op::Acquire | Op::Refund) && !expected.allowed;
+    // A denial, a refund that gives nothing back and a block whose deadline is not ahead write
+    // only the moved stored time, modelled above.
+    let denial = matches!(op, Op::Acquire | Op::Refund | Op::Block) && !expected.allowed;
     if let Some(w) = write.filter(|_| !denial) {
         let need = if plain {
             let e = ((p.capacity - w.state.t) * p.interval / p.tokens).ceil();
@@ -508,6 +554,9 @@ async fn planted(
         (Op::Peek, 0, 0),
         (Op::Refund, 1, 0),
         (Op::Drain, now + 5_000, 0),
+        (Op::Set, 4, 0),
+        (Op::Block, now + 5_000, 0),
+        (Op::Block, now, 0),
     ];
     for (t, ts, keep, halt) in planted_values() {
         let mut value = [t.to_le_bytes(), ts.to_le_bytes(), keep.to_le_bytes()].concat();
@@ -615,9 +664,11 @@ async fn lua_and_reference_agree_bit_for_bit() {
     if let Err(e) = planted(&mut conn, &lua, &key).await {
         panic!("the Lua script and bucket.rs disagree on a planted value:\n{e}");
     }
-    for seed in 0..traces() {
-        if let Err(e) = trace(&mut conn, &lua, &key, seed).await {
-            panic!("the Lua script and bucket.rs disagree:\n{e}");
+    for family in [Family::Decisions, Family::Admin] {
+        for seed in 0..traces() {
+            if let Err(e) = trace(&mut conn, &lua, &key, family, seed).await {
+                panic!("the Lua script and bucket.rs disagree:\n{e}");
+            }
         }
     }
 }
@@ -878,6 +929,60 @@ const MUTANTS: &[(&str, &str)] = &[
         "  local lead_max = now + lead + 1000",
     ),
     ("  if ts > lead_max then", "  if ts >= lead_max then"),
+    // set: exactly x tokens from ts2, with no halt
+    ("elseif op == 5 then", "elseif op == 7 then"),
+    ("  t2 = x\n  halt = 0", "  t2 = avail\n  halt = 0"),
+    ("  t2 = x\n  halt = 0", "  t2 = x - 1\n  halt = 0"),
+    ("  t2 = x\n  halt = 0\n", "  t2 = x\n"),
+    (
+        "  halt = 0\n  wait = 0\nelseif op == 6 then",
+        "  halt = 0\n  wait = 1\nelseif op == 6 then",
+    ),
+    // block: no token before the deadline, the first at it, a halt there
+    ("elseif op == 6 then", "elseif op == 8 then"),
+    ("  local deadline = x\n", "  local deadline = x + 1\n"),
+    ("if deadline > MAX_TIME then deadline = MAX_TIME end", ""),
+    (
+        "if deadline > ts2 + MAX_WAIT then deadline = ts2 + MAX_WAIT end",
+        "",
+    ),
+    (
+        "if not (deadline > ts2) then",
+        "if not (deadline >= ts2) then",
+    ),
+    ("if avail > 0 then whole_left = avail - avail % 1 end", ""),
+    (
+        "local to_full = ready_at(t, ts, capacity) - ts2",
+        "local to_full = ready_at(t, ts2, capacity) - ts2",
+    ),
+    ("if not (to_full > 0) then to_full = 0 end", ""),
+    (
+        "return struct.pack('<ddddd', 0, 0, whole_left, to_full, ts2)",
+        "return struct.pack('<ddddd', 1, 0, whole_left, to_full, ts2)",
+    ),
+    ("local span = deadline - ts2", "local span = deadline - now"),
+    (
+        "local level = 1 - (span * tokens / interval + (span - 1) * tokens / interval) / 2",
+        "local level = -((span - 1) * tokens / interval)",
+    ),
+    (
+        "local level = 1 - (span * tokens / interval + (span - 1) * tokens / interval) / 2",
+        "local level = 1 - span * tokens / interval",
+    ),
+    (
+        "local level = 1 - (span * tokens / interval + (span - 1) * tokens / interval) / 2",
+        "local level = 1 - (span * tokens / interval + (span - 1) * (tokens / interval)) / 2",
+    ),
+    ("if level < avail then t2 = level end", "t2 = level"),
+    (
+        "if deadline > halt then halt = deadline end",
+        "halt = deadline",
+    ),
+    ("if deadline > halt then halt = deadline end", ""),
+    (
+        "  if deadline > halt then halt = deadline end\n  wait = 0",
+        "  if deadline > halt then halt = deadline end\n  wait = 1",
+    ),
     // the stored value's validation, caught by the planted values
     ("and ts % 1 == 0", ""),
     ("and halt % 1 == 0", ""),
@@ -924,21 +1029,28 @@ async fn every_single_line_mutant_of_the_script_is_caught() {
             let _ = writeln!(report, "caught at the corners: {from:?} -> {to:?}");
             continue;
         }
+        // Both families in turn, seed by seed: a mutant of a line only one family reaches costs
+        // at most twice the traces that family needs.
         let mut caught = None;
-        for seed in 0..traces() {
-            if trace(&mut conn, &lua, &key, seed).await.is_err() {
-                caught = Some(seed);
-                break;
+        'seeds: for seed in 0..traces() {
+            for family in [Family::Decisions, Family::Admin] {
+                if trace(&mut conn, &lua, &key, family, seed).await.is_err() {
+                    caught = Some((family, seed));
+                    break 'seeds;
+                }
             }
         }
         match caught {
-            Some(seed) => {
-                let clean = trace(&mut conn, &original, &key, seed).await;
+            Some((family, seed)) => {
+                let clean = trace(&mut conn, &original, &key, family, seed).await;
                 assert!(
                     clean.is_ok(),
-                    "the unmutated script fails trace {seed}: {clean:?}"
+                    "the unmutated script fails {family:?} trace {seed}: {clean:?}"
                 );
-                let _ = writeln!(report, "caught at trace {seed:>4}: {from:?} -> {to:?}");
+                let _ = writeln!(
+                    report,
+                    "caught at {family:?} trace {seed:>4}: {from:?} -> {to:?}"
+                );
             }
             None => panic!("no trace told the mutant apart: {from:?} -> {to:?}"),
         }

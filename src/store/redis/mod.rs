@@ -11,8 +11,9 @@
 //! - `differential.rs` (tests): the script against `bucket.rs` on a real Redis, and its mutants.
 
 use std::fmt;
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use hashbrown::HashSet;
@@ -22,7 +23,7 @@ use redis::aio::ConnectionLike;
 use crate::clock::{Clock, SystemClock, deadline_ms, whole_ms};
 use crate::store::{
     BackendError, BucketState, BucketStore, Decision, MemoryStore, Reservation, Source, StoreError,
-    check_cost,
+    check_cost, check_tokens,
 };
 use crate::{BucketKey, InvalidKey, Limit};
 
@@ -133,6 +134,22 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
 /// until the `retry_after` of the denial that filled the cache. Refunds and drains made
 /// through this store (or its clones) drop the cached state first. Turn it off with
 /// [`deny_cache(false)`](Self::deny_cache). It holds at most 16,384 buckets.
+///
+/// # Admin operations
+///
+/// [`reset`](BucketStore::reset) deletes the bucket's key (a `DEL`, with no script), and
+/// [`set`](BucketStore::set) and [`block_until`](BucketStore::block_until) are operations of the
+/// script, deciding as `MemoryStore` does. Each goes through the same timeout, circuit breaker
+/// and bound on calls in flight as a decision: while the breaker is open it is refused with
+/// [`StoreError::Unavailable`] and changes nothing, and whatever the [`OutagePolicy`], a call
+/// that Redis did not answer is an error (a timed-out one may still have run). The deny cache
+/// of the store (and its clones) forgets the bucket before the call and again after Redis
+/// answers, so this process stops denying at once; another process's deny cache may keep
+/// denying the bucket until the `retry_after` of the denial it cached, and no longer. Under
+/// [`OutagePolicy::Local`], a process that admitted the key from its local bucket during an
+/// outage empties Redis's bucket before its next decision on it, which can undo a reset made
+/// meanwhile; the store that makes the admin call drops that charge for the key.
+/// `docs/OPERATIONS.md`, "Unblocking a customer", has the command-line tool.
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -552,6 +569,78 @@ where
                 Some(local) => self.local.drain_until(key, local, until).await,
                 None => Err(e),
             },
+        }
+    }
+
+    /// A `DEL` of the bucket's key, whatever it holds, through the same timeout, breaker and
+    /// bound on calls in flight as every call; see [Admin operations](Self#admin-operations).
+    async fn reset(&self, key: &BucketKey) -> Result<(), StoreError> {
+        self.admin(key, self.delete(key)).await
+    }
+
+    async fn set(&self, key: &BucketKey, limit: Limit, tokens: u32) -> Result<(), StoreError> {
+        check_tokens(&limit, tokens)?;
+        let args = Args {
+            op: Op::Set,
+            limit,
+            x: u64::from(tokens),
+            max_wait: 0,
+        };
+        let now = self.clock.now_ms();
+        self.admin(key, async { self.run(key, now, args).await.map(|_| ()) })
+            .await
+    }
+
+    async fn block_until(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+        until: SystemTime,
+    ) -> Result<(), StoreError> {
+        let args = Args {
+            op: Op::Block,
+            limit,
+            x: deadline_ms(until),
+            max_wait: 0,
+        };
+        let now = self.clock.now_ms();
+        self.admin(key, async { self.run(key, now, args).await.map(|_| ()) })
+            .await
+    }
+}
+
+impl<C, K> RedisStore<C, K>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+    K: Clock,
+{
+    /// Runs an admin operation on `key`'s bucket: what this process knows of the bucket is
+    /// dropped before the call and again once Redis has answered, so that no denial cached here
+    /// outlives the change. Whatever the outage policy, a call Redis did not answer is an error:
+    /// the change is to the shared bucket, and a local bucket cannot stand in for it.
+    async fn admin(
+        &self,
+        key: &BucketKey,
+        call: impl Future<Output = Result<(), Failure>>,
+    ) -> Result<(), StoreError> {
+        if let Some(cache) = &self.deny {
+            cache.forget(key);
+        }
+        let done = call.await;
+        if let Some(cache) = &self.deny {
+            cache.forget(key);
+        }
+        match done {
+            Ok(()) => {
+                // What this process admitted locally in an outage is charged to Redis before its
+                // next decision there: the change replaces what that charge would take.
+                self.touched
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .remove(key.as_str());
+                Ok(())
+            }
+            Err(Failure::Fatal(e) | Failure::Outage(e)) => Err(e),
         }
     }
 }

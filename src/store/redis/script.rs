@@ -1,12 +1,13 @@
 //! The bucket script and one call of it: its source and SHA-1, `EVALSHA` then `EVAL`, and the
 //! call's way through the circuit breaker, the bound on calls in flight, the timeout and the
-//! retry, with what each error from Redis means for the breaker and the caller.
+//! retry, with what each error from Redis means for the breaker and the caller. A reset's `DEL`
+//! goes the same way.
 
 use redis::aio::ConnectionLike;
 use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 
 use super::RedisStore;
-use super::wire::{Args, RedisKey, Reply, command, parse_reply};
+use super::wire::{Args, RedisKey, Reply, command, delete, parse_reply};
 use crate::BucketKey;
 use crate::clock::Clock;
 use crate::store::{BackendError, StoreError};
@@ -35,6 +36,25 @@ where
         now: u64,
         args: Args,
     ) -> Result<Reply, Failure> {
+        let value = self.send(key, Call::Script { now, args: &args }).await?;
+        parse_reply(&value, &args, now).map_err(Failure::Fatal)
+    }
+
+    /// Deletes one bucket's key (a reset), through the circuit breaker and within the timeout,
+    /// as a script call goes.
+    pub(super) async fn delete(&self, key: &BucketKey) -> Result<(), Failure> {
+        match self.send(key, Call::Delete).await? {
+            Value::Int(_) => Ok(()),
+            _ => Err(Failure::Fatal(StoreError::Backend(BackendError::new(
+                "redis answered a DEL with something other than a count",
+                None,
+            )))),
+        }
+    }
+
+    /// Sends one call for one bucket, through the circuit breaker and within the timeout: Redis's
+    /// answer, or what its absence or its error means.
+    async fn send(&self, key: &BucketKey, what: Call<'_>) -> Result<Value, Failure> {
         let mut ticket = match self.circuit.pass() {
             Ok(ticket) => ticket,
             Err(retry_in) => {
@@ -82,8 +102,8 @@ where
                 Some(reconnect) => reconnect.current(),
                 None => self.conn.clone(),
             };
-            match invoke(&mut conn, redis_key, now, &args).await {
-                Err(e) if not_executed(&e) => invoke(&mut conn, redis_key, now, &args).await,
+            match invoke(&mut conn, redis_key, what).await {
+                Err(e) if not_executed(&e) => invoke(&mut conn, redis_key, what).await,
                 done => done,
             }
         };
@@ -113,7 +133,7 @@ where
         match result {
             Ok(Ok(value)) => {
                 ticket.success();
-                parse_reply(&value, &args, now).map_err(Failure::Fatal)
+                Ok(value)
             }
             Ok(Err(e)) if e.code() == Some("WRONGTYPE") => {
                 // Redis answered: it is up, the data is wrong.
@@ -215,14 +235,27 @@ fn is_redirect(e: &RedisError) -> bool {
     )
 }
 
-/// Runs the script for one bucket: `EVALSHA`, and after `NOSCRIPT` the same call as `EVAL`. The
-/// arguments are packed by `wire::Args::pack`, which the differential test packs with too.
+/// What [`RedisStore::send`] sends for a bucket.
+#[derive(Clone, Copy)]
+enum Call<'a> {
+    /// The script, with these arguments, at `now`.
+    Script { now: u64, args: &'a Args },
+    /// A `DEL` of the key.
+    Delete,
+}
+
+/// Sends one call for one bucket. The script goes as `EVALSHA`, and after `NOSCRIPT` as the same
+/// call with `EVAL`; its arguments are packed by `wire::Args::pack`, which the differential test
+/// packs with too.
 async fn invoke(
     conn: &mut impl ConnectionLike,
     redis_key: RedisKey<'_>,
-    now: u64,
-    args: &Args,
+    what: Call<'_>,
 ) -> Result<Value, RedisError> {
+    let (now, args) = match what {
+        Call::Script { now, args } => (now, args),
+        Call::Delete => return delete(redis_key).query_async(conn).await,
+    };
     let packed = args.pack(now);
     let sha = script().get_hash();
     match command("EVALSHA", sha, redis_key, &packed)

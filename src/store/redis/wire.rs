@@ -82,12 +82,20 @@ fn redis_key_arg(key: RedisKey<'_>) -> impl redis::ToRedisArgs + '_ {
     Arg(key)
 }
 
+/// The `DEL` of a bucket's key: a reset, which forgets the bucket whatever its key holds, with
+/// no script.
+pub(super) fn delete(redis_key: RedisKey<'_>) -> Cmd {
+    let mut cmd = Cmd::with_capacity(2, 3 + 270);
+    cmd.arg("DEL").arg(redis_key_arg(redis_key));
+    cmd
+}
+
 /// One call's arguments, in the script's terms.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Args {
     pub(super) op: Op,
     pub(super) limit: Limit,
-    /// The cost for acquire and refund, the deadline for drain.
+    /// The cost for acquire and refund, the deadline for drain and block, the tokens for set.
     pub(super) x: u64,
     pub(super) max_wait: u64,
 }
@@ -99,6 +107,8 @@ pub(super) enum Op {
     Peek = 2,
     Refund = 3,
     Drain = 4,
+    Set = 5,
+    Block = 6,
 }
 
 /// The script's one argument: nine little-endian `f64`s.
