@@ -116,7 +116,7 @@ where
         metrics::histogram!(
             crate::metrics::STORE_CALL_SECONDS,
             "store" => "redis",
-            "op" => args.op.name(),
+            "op" => what.name(),
         )
         .record(started.elapsed());
         if let Some(reconnect) = &self.reconnect {
@@ -242,6 +242,17 @@ enum Call<'a> {
     Script { now: u64, args: &'a Args },
     /// A `DEL` of the key.
     Delete,
+}
+
+impl Call<'_> {
+    /// The `op` label of the store's call-latency metric.
+    #[cfg(feature = "metrics")]
+    fn name(&self) -> &'static str {
+        match self {
+            Self::Script { args, .. } => args.op.name(),
+            Self::Delete => "reset",
+        }
+    }
 }
 
 /// Sends one call for one bucket. The script goes as `EVALSHA`, and after `NOSCRIPT` as the same

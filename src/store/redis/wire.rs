@@ -123,6 +123,8 @@ impl Op {
             Self::Peek => "peek",
             Self::Refund => "refund",
             Self::Drain => "drain",
+            Self::Set => "set",
+            Self::Block => "block",
         }
     }
 }
