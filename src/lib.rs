@@ -282,7 +282,9 @@ pub use clock::QuantaClock;
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use clock::ServerClock;
 pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
-pub use error::{BackendError, InvalidKey, InvalidLimit, InvalidName, RateLimited, StoreError};
+pub use error::{
+    BackendError, InvalidKey, InvalidLimit, InvalidName, ParseLimitError, RateLimited, StoreError,
+};
 pub use key::{BucketKey, BucketName, KeySecret};
 #[cfg(feature = "tower")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
