@@ -6,7 +6,7 @@ use std::time::Duration;
 use http::HeaderValue;
 
 use super::Rule;
-use super::headers;
+use super::headers::{self, FieldVersion};
 use super::rejection::Rejection;
 
 /// Behind an `Arc`, shared by a [`RateLimitLayer`](super::RateLimitLayer) and every service it
@@ -18,6 +18,7 @@ pub(crate) struct Config<St> {
     pub(crate) policy_all: Option<HeaderValue>,
     pub(crate) max_wait: Duration,
     pub(crate) headers_on_success: bool,
+    pub(crate) fields: FieldVersion,
     pub(crate) rejection: Rejection,
 }
 
@@ -29,6 +30,7 @@ impl<St: Clone> Clone for Config<St> {
             policy_all: self.policy_all.clone(),
             max_wait: self.max_wait,
             headers_on_success: self.headers_on_success,
+            fields: self.fields,
             rejection: self.rejection.clone(),
         }
     }
@@ -55,6 +57,7 @@ impl<St: fmt::Debug> fmt::Debug for Config<St> {
             .field("rules", &self.rules)
             .field("max_wait", &self.max_wait)
             .field("headers_on_success", &self.headers_on_success)
+            .field("fields", &self.fields)
             .field("rejection_status", &self.rejection.status)
             .finish_non_exhaustive()
     }

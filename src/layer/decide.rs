@@ -81,8 +81,8 @@ pub(crate) enum Verdict<St: BucketStore + Clone, R> {
         wait: Duration,
         /// `None` when no tokens need guarding: the request goes at once.
         guard: Option<RefundGuard<St>>,
-        /// `RateLimit-Policy` and `RateLimit` for the response.
-        ratelimit: Option<(http::HeaderValue, http::HeaderValue)>,
+        /// The rate-limit fields for the response.
+        ratelimit: Option<headers::Fields>,
     },
     /// Answered without calling the inner service: a rule refused (the rejection), or the store
     /// could not decide (503, or 500 for a misconfigured rule). Either way everything taken by
@@ -163,13 +163,13 @@ pub(crate) async fn decide<St: BucketStore + Clone, B: From<String>>(
     }
     let ratelimit = if config.headers_on_success {
         let applied = decisions.as_slice();
-        let policy = config.policy(applied.iter().map(|(i, _, _)| *i), applied.len());
-        let items = headers::ratelimit(
+        headers::fields(
+            config.fields,
+            || config.policy(applied.iter().map(|(i, _, _)| *i), applied.len()),
             applied
                 .iter()
                 .map(|(i, d, _)| Item::admitted(config.rules[*i].bucket(), d)),
-        );
-        policy.zip(items)
+        )
     } else {
         None
     };
@@ -190,20 +190,18 @@ fn reject<St, B: From<String>>(
 ) -> Response<B> {
     let retry = d.retry_after().unwrap_or(Duration::ZERO);
     let refusing = &config.rules[rule];
-    let policy = config.policy(
-        applied.iter().map(|(i, _, _)| *i).chain([rule]),
-        applied.len() + 1,
-    );
-    let denied = Item {
-        name: refusing.bucket(),
-        remaining: d.remaining(),
-        next: retry,
+    let policy = || {
+        config.policy(
+            applied.iter().map(|(i, _, _)| *i).chain([rule]),
+            applied.len() + 1,
+        )
     };
+    let denied = Item::denied(refusing.bucket(), d);
     let items = applied
         .iter()
         .map(|(i, d, cost)| Item::refunded(config.rules[*i].bucket(), d, *cost))
         .chain([denied]);
-    let ratelimit = headers::ratelimit(items);
+    let fields = headers::fields(config.fields, policy, items);
     let limited = || RateLimited::new(retry, refusing.limit, refusing.bucket(), d.remaining());
-    config.rejection.respond(retry, limited, policy, ratelimit)
+    config.rejection.respond(retry, limited, fields)
 }

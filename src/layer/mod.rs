@@ -15,6 +15,7 @@ mod rule;
 mod service;
 
 pub use self::future::ResponseFuture;
+pub use self::headers::FieldVersion;
 pub use self::ip::Ipv6Prefix;
 pub use self::layer::RateLimitLayer;
 pub use self::proxies::{ForwardedHeader, InvalidProxy, TrustedProxies};

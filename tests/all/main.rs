@@ -21,6 +21,7 @@ mod conformance;
 mod failover;
 mod fuzz;
 mod layer;
+mod layer_fields;
 mod layer_http;
 mod layer_keys;
 mod middleware;
