@@ -173,6 +173,77 @@ impl fmt::Display for InvalidLimit {
 
 impl StdError for InvalidLimit {}
 
+/// Why the text of a [`Limit`] was refused by its [`FromStr`](std::str::FromStr) (the grammar is
+/// on [`Limit`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ParseLimitError {
+    /// The text was empty, or blank.
+    Empty,
+    /// The text had no `/` between its tokens and its interval.
+    NoSlash,
+    /// The tokens, before the `/`, were not a whole number from 0 to `u32::MAX`.
+    Tokens {
+        /// The tokens as written.
+        text: String,
+    },
+    /// The interval, after the `/`, was not an optional whole number followed by a unit.
+    Interval {
+        /// The interval as written.
+        text: String,
+    },
+    /// The interval's unit was none of `ms`, `s`, `min` and `h`.
+    Unit {
+        /// The unit as written.
+        unit: String,
+    },
+    /// What followed the interval was not `burst <n>`, `n` a whole number from 0 to `u32::MAX`.
+    Burst {
+        /// The text after the interval.
+        text: String,
+    },
+    /// The text was read, but its values do not make a valid limit.
+    Limit(InvalidLimit),
+}
+
+impl fmt::Display for ParseLimitError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Empty => f.write_str("a limit's text must not be empty"),
+            Self::NoSlash => f.write_str(
+                "a limit's text must be <tokens>/<interval>, as in \"10/s burst 20\", and has no '/'",
+            ),
+            Self::Tokens { text } => write!(
+                f,
+                "a limit's tokens must be a whole number up to {}, got {text:?}",
+                u32::MAX
+            ),
+            Self::Interval { text } => write!(
+                f,
+                "a limit's interval must be a whole number and a unit (ms, s, min or h), as in \"2s\", got {text:?}"
+            ),
+            Self::Unit { unit } => write!(
+                f,
+                "a limit's interval unit must be ms, s, min or h, got {unit:?}"
+            ),
+            Self::Burst { text } => write!(
+                f,
+                "a limit's interval may only be followed by \"burst <n>\", n a whole number up to {}, got {text:?}",
+                u32::MAX
+            ),
+            Self::Limit(e) => fmt::Display::fmt(e, f),
+        }
+    }
+}
+
+impl StdError for ParseLimitError {}
+
+impl From<InvalidLimit> for ParseLimitError {
+    fn from(e: InvalidLimit) -> Self {
+        Self::Limit(e)
+    }
+}
+
 /// Why a store could not decide.
 #[derive(Debug)]
 #[non_exhaustive]

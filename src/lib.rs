@@ -289,7 +289,9 @@ pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub use error::MissingRateLimitInfo;
-pub use error::{BackendError, InvalidKey, InvalidLimit, InvalidName, RateLimited, StoreError};
+pub use error::{
+    BackendError, InvalidKey, InvalidLimit, InvalidName, ParseLimitError, RateLimited, StoreError,
+};
 pub use key::{BucketKey, BucketName, KeySecret};
 #[cfg(feature = "tower")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tower")))]

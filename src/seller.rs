@@ -10,7 +10,7 @@
 //! // One set of routes per token type; the account comes from each request's token.
 //! let routes = seller::routes("personal", &seller::groups())?;
 //! assert_eq!(routes[0].bucket(), "personal-orders");
-//! assert_eq!(routes[0].limit().to_string(), "1 per 60s, burst 10");
+//! assert_eq!(routes[0].limit().to_string(), "1/min burst 10");
 //!
 //! let middleware = RateLimitMiddleware::new(MemoryStore::new())
 //!     .routes(routes)
@@ -435,10 +435,7 @@ mod tests {
             assert_eq!(group.template(), &route, "{name}");
             assert_eq!(group.template().limit(), limit(1, MINUTE, burst), "{name}");
         }
-        assert_eq!(
-            orders().template().limit().to_string(),
-            "1 per 60s, burst 10"
-        );
+        assert_eq!(orders().template().limit().to_string(), "1/min burst 10");
         assert_eq!(sales().template().limit().burst(), 1);
     }
 

@@ -8,7 +8,7 @@ use http::HeaderValue;
 use http::request::Parts;
 
 use super::Rule;
-use super::headers;
+use super::headers::{self, FieldVersion};
 use super::observe::DecisionHook;
 use super::rejection::Rejection;
 
@@ -23,6 +23,7 @@ pub(crate) struct Config<St> {
     pub(crate) policy_all: Option<HeaderValue>,
     pub(crate) max_wait: Duration,
     pub(crate) headers_on_success: bool,
+    pub(crate) fields: FieldVersion,
     pub(crate) rejection: Rejection,
     /// Every rule in shadow mode.
     pub(crate) shadow: bool,
@@ -39,6 +40,7 @@ impl<St: Clone> Clone for Config<St> {
             policy_all: self.policy_all.clone(),
             max_wait: self.max_wait,
             headers_on_success: self.headers_on_success,
+            fields: self.fields,
             rejection: self.rejection.clone(),
             shadow: self.shadow,
             skip: self.skip.clone(),
@@ -68,6 +70,7 @@ impl<St: fmt::Debug> fmt::Debug for Config<St> {
             .field("rules", &self.rules)
             .field("max_wait", &self.max_wait)
             .field("headers_on_success", &self.headers_on_success)
+            .field("fields", &self.fields)
             .field("rejection_status", &self.rejection.status)
             .field("shadow", &self.shadow)
             .field("skip", &self.skip.as_ref().map(|_| "Fn(&Parts) -> bool"))

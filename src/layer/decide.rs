@@ -94,8 +94,8 @@ pub(crate) enum Verdict<St: BucketStore + Clone, R> {
         wait: Duration,
         /// `None` when no tokens need guarding: the request goes at once.
         guard: Option<RefundGuard<St>>,
-        /// `RateLimit-Policy` and `RateLimit` for the response.
-        ratelimit: Option<(http::HeaderValue, http::HeaderValue)>,
+        /// The rate-limit fields for the response.
+        ratelimit: Option<headers::Fields>,
         /// For the request's extensions; `None` when no rule decided.
         info: Option<RateLimitInfo>,
     },
@@ -203,13 +203,13 @@ pub(crate) async fn decide<St: BucketStore + Clone, B: From<String>>(
         observe(&config, &t.key, t.rule, t.limit, outcome, &t.decision);
     }
     let ratelimit = if config.headers_on_success {
-        let policy = policy(&config, applied.iter().map(|t| (t.rule, t.limit)));
-        let items = headers::ratelimit(
+        headers::fields(
+            config.fields,
+            || policy(&config, applied.iter().map(|t| (t.rule, t.limit))),
             applied
                 .iter()
                 .map(|t| Item::admitted(config.rules[t.rule].bucket(), &t.decision)),
-        );
-        policy.zip(items)
+        )
     } else {
         None
     };
@@ -360,18 +360,16 @@ fn reject<St, B: From<String>>(
 ) -> Response<B> {
     let retry = d.retry_after().unwrap_or(Duration::ZERO);
     let refusing = &config.rules[p.rule];
-    let policy = policy(
-        config,
-        applied
-            .iter()
-            .map(|t| (t.rule, t.limit))
-            .chain([(p.rule, p.limit)]),
-    );
-    let denied = Item {
-        name: refusing.bucket(),
-        remaining: d.remaining(),
-        next: retry,
+    let policy = || {
+        policy(
+            config,
+            applied
+                .iter()
+                .map(|t| (t.rule, t.limit))
+                .chain([(p.rule, p.limit)]),
+        )
     };
+    let denied = Item::denied(refusing.bucket(), d);
     let items = applied
         .iter()
         .map(|t| {
@@ -383,7 +381,7 @@ fn reject<St, B: From<String>>(
             }
         })
         .chain([denied]);
-    let ratelimit = headers::ratelimit(items);
+    let fields = headers::fields(config.fields, policy, items);
     let limited = || RateLimited::new(retry, p.limit, refusing.bucket(), d.remaining());
-    config.rejection.respond(retry, limited, policy, ratelimit)
+    config.rejection.respond(retry, limited, fields)
 }

@@ -2,12 +2,12 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
-use http::{HeaderValue, Request, Response};
+use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::decide::Verdict;
-use super::headers::{RATELIMIT, RATELIMIT_POLICY};
+use super::headers::Fields;
 use crate::BucketStore;
 use crate::cancel::RefundGuard;
 use crate::store::BoxFuture;
@@ -47,7 +47,7 @@ pin_project! {
         Calling {
             #[pin]
             fut: S::Future,
-            ratelimit: Option<(HeaderValue, HeaderValue)>,
+            ratelimit: Option<Fields>,
         },
         // Answered without a decision (a request no rule could key, refused).
         Answered {
@@ -69,7 +69,7 @@ pin_project! {
         guard: Option<RefundGuard<St>>,
         inner: Option<S>,
         req: Option<Request<ReqBody>>,
-        ratelimit: Option<(HeaderValue, HeaderValue)>,
+        ratelimit: Option<Fields>,
     }
 }
 
@@ -98,11 +98,7 @@ where
         }
     }
 
-    pub(crate) fn call(
-        mut inner: S,
-        req: Request<ReqBody>,
-        ratelimit: Option<(HeaderValue, HeaderValue)>,
-    ) -> Self {
+    pub(crate) fn call(mut inner: S, req: Request<ReqBody>, ratelimit: Option<Fields>) -> Self {
         Self {
             state: State::Calling {
                 fut: inner.call(req),
@@ -190,9 +186,8 @@ where
                 }
                 StateProj::Calling { fut, ratelimit } => {
                     let mut res = ready!(fut.poll(cx))?;
-                    if let Some((policy, value)) = ratelimit.take() {
-                        res.headers_mut().insert(RATELIMIT_POLICY.clone(), policy);
-                        res.headers_mut().insert(RATELIMIT.clone(), value);
+                    if let Some(fields) = ratelimit.take() {
+                        fields.insert_into(res.headers_mut());
                     }
                     this.state.set(State::Done);
                     return Poll::Ready(Ok(res));

@@ -7,7 +7,7 @@ use http::{HeaderName, HeaderValue, StatusCode};
 use tower_layer::Layer;
 
 use super::config::Config;
-use super::headers;
+use super::headers::{self, FieldVersion};
 use super::observe::DecisionEvent;
 use super::rejection::Rejection;
 use super::{RateLimit, Rule};
@@ -33,6 +33,7 @@ impl<St: BucketStore + Clone> RateLimitLayer<St> {
                 policy_all: None,
                 max_wait: Duration::ZERO,
                 headers_on_success: true,
+                fields: FieldVersion::default(),
                 rejection: Rejection::default(),
                 shadow: false,
                 skip: None,
@@ -65,6 +66,16 @@ impl<St: BucketStore + Clone> RateLimitLayer<St> {
     #[must_use]
     pub fn headers_on_success(mut self, on: bool) -> Self {
         Arc::make_mut(&mut self.config).headers_on_success = on;
+        self
+    }
+
+    /// Which rate-limit header fields responses carry (default: [`FieldVersion::Draft10`], the
+    /// current draft's `RateLimit-Policy` and `RateLimit`). [`FieldVersion::Draft06`] writes the
+    /// older `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset` instead, for clients
+    /// that read those.
+    #[must_use]
+    pub fn fields(mut self, version: FieldVersion) -> Self {
+        Arc::make_mut(&mut self.config).fields = version;
         self
     }
 

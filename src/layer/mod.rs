@@ -17,6 +17,7 @@ mod rule;
 mod service;
 
 pub use self::future::ResponseFuture;
+pub use self::headers::FieldVersion;
 pub use self::info::RateLimitInfo;
 pub use self::ip::Ipv6Prefix;
 pub use self::layer::RateLimitLayer;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
 
-use super::headers::{RATELIMIT, RATELIMIT_POLICY, ceil_secs, decimal};
+use super::headers::{Fields, ceil_secs, decimal};
 use crate::{RateLimited, StoreError};
 
 type BodyFn = Arc<dyn Fn(&RateLimited) -> String + Send + Sync>;
@@ -38,8 +38,7 @@ impl Rejection {
         &self,
         retry_after: Duration,
         limited: impl FnOnce() -> RateLimited,
-        policy: Option<HeaderValue>,
-        ratelimit: Option<HeaderValue>,
+        fields: Option<Fields>,
     ) -> Response<B> {
         // Never 0: a client told "retry after 0" would come straight back and be refused again.
         let secs = ceil_secs(retry_after).max(1);
@@ -62,11 +61,8 @@ impl Rejection {
             HeaderValue::from_static("text/plain; charset=utf-8"),
         );
         headers.insert(RETRY_AFTER, HeaderValue::from(secs));
-        if let Some(v) = policy {
-            headers.insert(RATELIMIT_POLICY.clone(), v);
-        }
-        if let Some(v) = ratelimit {
-            headers.insert(RATELIMIT.clone(), v);
+        if let Some(fields) = fields {
+            fields.insert_into(headers);
         }
         for (name, value) in &self.headers {
             headers.insert(name.clone(), value.clone());

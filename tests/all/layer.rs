@@ -145,11 +145,9 @@ async fn a_burst_of_ten_admits_ten_then_answers_429_with_the_draft_fields() {
         let res = call(&mut svc, request(Some("k1"), &n.to_string())).await;
         assert_eq!(res.status(), StatusCode::OK);
         assert_eq!(res.body(), &format!("ok {n}"));
-        // A token left: the next one is available now; the last: it refills in a minute.
-        let expected = match 9 - n {
-            0 => String::from("\"per-key\";r=0;t=60"),
-            left => format!("\"per-key\";r={left};t=0"),
-        };
+        // Each request takes a whole token from a bucket that was whole, so the next one is a
+        // minute away, however many are left.
+        let expected = format!("\"per-key\";r={};t=60", 9 - n);
         assert_eq!(header(&res, "ratelimit"), Some(expected.as_str()));
         assert_eq!(
             header(&res, "ratelimit-policy"),
@@ -187,7 +185,7 @@ async fn a_burst_of_ten_admits_ten_then_answers_429_with_the_draft_fields() {
     // Another key has its own bucket.
     let res = call(&mut svc, request(Some("k2"), "11")).await;
     assert_eq!(res.status(), StatusCode::OK);
-    assert_eq!(header(&res, "ratelimit"), Some("\"per-key\";r=9;t=0"));
+    assert_eq!(header(&res, "ratelimit"), Some("\"per-key\";r=9;t=60"));
 }
 
 #[tokio::test]
@@ -224,7 +222,8 @@ async fn retry_after_is_whole_seconds_rounded_up_and_never_zero() {
     );
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 
-    // A sub-second refill (one token every 250 ms) still says 1, and so does the policy's window.
+    // A sub-second refill (one token every 250 ms) still says 1, and so does the policy's window,
+    // in which 4 requests go through.
     let fast = Limit::per_second(4)
         .and_then(|l| l.with_burst(1))
         .expect("a valid limit");
@@ -239,7 +238,7 @@ async fn retry_after_is_whole_seconds_rounded_up_and_never_zero() {
     assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(header(&res, "retry-after"), Some("1"));
     assert_eq!(header(&res, "ratelimit"), Some("\"fast\";r=0;t=1"));
-    assert_eq!(header(&res, "ratelimit-policy"), Some("\"fast\";q=1;w=1"));
+    assert_eq!(header(&res, "ratelimit-policy"), Some("\"fast\";q=4;w=1"));
 }
 
 #[tokio::test(start_paused = true)]
@@ -311,7 +310,7 @@ async fn a_request_refused_by_a_later_rule_spends_nothing_from_the_earlier_ones(
     assert_eq!(res.status(), StatusCode::OK);
     assert_eq!(
         header(&res, "ratelimit"),
-        Some("\"per-key\";r=9;t=0, \"global\";r=2;t=0")
+        Some("\"per-key\";r=9;t=60, \"global\";r=2;t=60")
     );
     for n in 1..3 {
         let res = call(&mut svc, request(Some("k1"), &n.to_string())).await;
@@ -513,7 +512,7 @@ async fn the_policy_field_names_only_the_rules_that_applied() {
     );
     assert_eq!(
         header(&res, "ratelimit"),
-        Some("\"global\";r=1;t=0, \"all\";r=8;t=0")
+        Some("\"global\";r=1;t=60, \"all\";r=8;t=60")
     );
 }
 
@@ -544,7 +543,7 @@ async fn a_refused_requests_ratelimit_field_counts_refunded_tokens_as_unspent() 
     assert_eq!(k1.remaining(), 7);
     assert_eq!(
         header(&res, "ratelimit"),
-        Some("\"per-key\";r=7;t=0, \"global\";r=0;t=60")
+        Some("\"per-key\";r=7;t=60, \"global\";r=0;t=60")
     );
 }
 
@@ -586,7 +585,7 @@ async fn a_rule_whose_extractor_finds_no_key_does_not_apply() {
         .layer(counting(&Arc::new(AtomicUsize::new(0))));
     let res = call(&mut svc, request(None, "8")).await;
     assert_eq!(res.status(), StatusCode::OK);
-    assert_eq!(header(&res, "ratelimit"), Some("\"global\";r=9;t=0"));
+    assert_eq!(header(&res, "ratelimit"), Some("\"global\";r=9;t=60"));
 }
 
 #[tokio::test(start_paused = true)]

@@ -22,6 +22,7 @@ mod conformance;
 mod failover;
 mod fuzz;
 mod layer;
+mod layer_fields;
 mod layer_http;
 mod layer_keys;
 mod layer_ops;

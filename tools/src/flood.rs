@@ -237,7 +237,7 @@ fn check_admitted(headers: &HeaderMap, args: &Args) -> Result<u64, String> {
 
 /// A refusal carries `Retry-After` (whole seconds, at least 1, at most one token period rounded
 /// up, since a refused request of cost 1 waits for at most one token), `RateLimit-Policy` with the
-/// expected burst and refill window, and `RateLimit` for the same policy with no whole token left
+/// expected quota and window, and `RateLimit` for the same policy with no whole token left
 /// and `t=` equal to `Retry-After`.
 fn check_refused(headers: &HeaderMap, args: &Args) -> Result<(), String> {
     let retry_after = retry_after(headers)?;
@@ -254,15 +254,17 @@ fn check_refused(headers: &HeaderMap, args: &Args) -> Result<(), String> {
     let (policy_name, policy) = single_item(headers, "ratelimit-policy")?;
     let q = param(&policy, "q", "ratelimit-policy")?;
     let w = param(&policy, "w", "ratelimit-policy")?;
+    // The window is the refill time from empty in whole seconds, the quota what refills in it.
     let want_w = (u64::from(args.burst) * 1000)
         .div_ceil(u64::from(args.rate))
         .div_ceil(1000)
         .max(1);
-    if q != u64::from(args.burst) || w != want_w {
+    let want_q = (u64::from(args.rate) * want_w).max(u64::from(args.burst));
+    if q != want_q || w != want_w {
         return Err(format!(
-            "ratelimit-policy q={q};w={w}, expected q={};w={want_w} (is the server's limit {} per \
-             second, burst {}?)",
-            args.burst, args.rate, args.burst
+            "ratelimit-policy q={q};w={w}, expected q={want_q};w={want_w} (is the server's limit {} \
+             per second, burst {}?)",
+            args.rate, args.burst
         ));
     }
 
