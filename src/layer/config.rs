@@ -21,6 +21,9 @@ pub(crate) struct Config<St> {
     pub(crate) rules: Vec<Rule>,
     /// `RateLimit-Policy` when every rule applies, the usual case, built once.
     pub(crate) policy_all: Option<HeaderValue>,
+    /// Whether any rule has a dynamic limit: until one does, every request meets its rules'
+    /// own limits and their prebuilt `RateLimit-Policy` items.
+    pub(crate) any_dynamic: bool,
     pub(crate) max_wait: Duration,
     pub(crate) headers_on_success: bool,
     pub(crate) fields: FieldVersion,
@@ -38,6 +41,7 @@ impl<St: Clone> Clone for Config<St> {
             store: self.store.clone(),
             rules: self.rules.clone(),
             policy_all: self.policy_all.clone(),
+            any_dynamic: self.any_dynamic,
             max_wait: self.max_wait,
             headers_on_success: self.headers_on_success,
             fields: self.fields,

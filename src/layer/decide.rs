@@ -27,7 +27,14 @@ pub(crate) enum Few<T> {
 }
 
 impl<T> Few<T> {
+    #[inline]
     pub(crate) fn push(&mut self, item: T) {
+        // The usual case written in place: going through `mem::take` would move the list (a
+        // decision is large) twice.
+        if let Self::Empty = self {
+            *self = Self::One(item);
+            return;
+        }
         *self = match mem::take(self) {
             Self::Empty => Self::One(item),
             Self::One(first) => Self::Many(vec![first, item]),
@@ -240,7 +247,7 @@ fn policy<St>(
     config: &Config<St>,
     applied: impl Iterator<Item = (usize, Limit)> + Clone,
 ) -> Option<http::HeaderValue> {
-    if applied.clone().all(|(i, l)| config.rules[i].limit == l) {
+    if !config.any_dynamic || applied.clone().all(|(i, l)| config.rules[i].limit == l) {
         let count = applied.clone().count();
         return config.policy(applied.map(|(i, _)| i), count);
     }

@@ -31,6 +31,7 @@ impl<St: BucketStore + Clone> RateLimitLayer<St> {
                 store,
                 rules: Vec::new(),
                 policy_all: None,
+                any_dynamic: false,
                 max_wait: Duration::ZERO,
                 headers_on_success: true,
                 fields: FieldVersion::default(),
@@ -49,6 +50,7 @@ impl<St: BucketStore + Clone> RateLimitLayer<St> {
         let config = Arc::make_mut(&mut self.config);
         config.rules.push(rule);
         config.policy_all = headers::policy(config.rules.iter().map(|r| &r.policy));
+        config.any_dynamic = config.rules.iter().any(Rule::is_dynamic);
         self
     }
 

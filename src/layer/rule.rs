@@ -216,6 +216,11 @@ impl Rule {
         self.limit
     }
 
+    /// Whether [`dynamic_limit`](Self::dynamic_limit) chose the limit per request.
+    pub(crate) fn is_dynamic(&self) -> bool {
+        self.dynamic.is_some()
+    }
+
     /// The bucket name, shared.
     pub(crate) fn bucket_name(&self) -> &BucketName {
         &self.bucket
