@@ -51,9 +51,9 @@ fn limited(limit: Limit) -> RateLimitLayer<MemoryStore> {
 }
 
 /// `iters` requests through `svc`, round robin over the clients; every answer must have `status`.
-async fn drive<S>(mut svc: S, iters: u64, status: StatusCode) -> Duration
+async fn drive<S, B>(mut svc: S, iters: u64, status: StatusCode) -> Duration
 where
-    S: Service<Request<String>, Response = Response<String>, Error = Infallible>,
+    S: Service<Request<String>, Response = Response<B>, Error = Infallible>,
 {
     let clients = clients();
     let mut next = 0;

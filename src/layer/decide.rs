@@ -6,13 +6,14 @@ use std::mem;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::Response;
 
 use super::config::Config;
 use super::headers::{self, Item};
 use super::info::RateLimitInfo;
 use super::observe::{DecisionEvent, Outcome};
-use super::rejection;
+use super::rejection::{self, Protocol};
 use crate::cancel::RefundGuard;
 use crate::{BucketKey, BucketStore, Decision, Limit, RateLimited, StoreError};
 
@@ -95,7 +96,7 @@ struct Taken {
 }
 
 /// What the rules decided for one request.
-pub(crate) enum Verdict<St: BucketStore + Clone, R> {
+pub(crate) enum Verdict<St: BucketStore + Clone> {
     /// Go, after `wait`. The guard gives the tokens back if the request is dropped before then.
     Admit {
         wait: Duration,
@@ -108,18 +109,19 @@ pub(crate) enum Verdict<St: BucketStore + Clone, R> {
     },
     /// Answered without calling the inner service: a rule refused (the rejection), or the store
     /// could not decide (503, or 500 for a misconfigured rule). Either way everything taken by
-    /// earlier rules has been given back, and the response future returns `R` as it is.
-    Reject(R),
+    /// earlier rules has been given back, and the response future returns this answer.
+    Reject(Response<Bytes>),
 }
 
 /// Checks every rule in order, taking (or reserving) tokens as it goes. When a rule refuses,
 /// the tokens taken by the rules before it are given back before answering, so a refused request
 /// spends nothing. A rule in shadow mode decides without waiting, and its refusal (or its store's
 /// failure) is reported, never acted on.
-pub(crate) async fn decide<St: BucketStore + Clone, B: From<String>>(
+pub(crate) async fn decide<St: BucketStore + Clone>(
     config: Arc<Config<St>>,
     plan: Few<Planned>,
-) -> Verdict<St, Response<B>> {
+    protocol: Protocol,
+) -> Verdict<St> {
     // Made on the first tokens it must hold, so that a request that goes at once on one rule
     // never clones the store for it.
     let mut guard: Option<RefundGuard<St>> = None;
@@ -192,11 +194,11 @@ pub(crate) async fn decide<St: BucketStore + Clone, B: From<String>>(
         return Verdict::Reject(match outcome {
             Ok(d) => {
                 observe(&config, &p.key, p.rule, p.limit, Outcome::Limited, &d);
-                reject(&config, taken.as_slice(), &p, &d)
+                reject(&config, protocol, taken.as_slice(), &p, &d)
             }
             Err(e) => {
                 observe_failure(&config, &p, &e);
-                rejection::store_failure(&e)
+                rejection::store_failure(protocol, &e)
             }
         });
     }
@@ -359,12 +361,13 @@ fn observe_failure<St>(config: &Config<St>, p: &Planned, e: &StoreError) {
 
 /// The rejection when rule `p` refused with `d`, after the rules in `applied` took their
 /// tokens and gave them back.
-fn reject<St, B: From<String>>(
+fn reject<St>(
     config: &Config<St>,
+    protocol: Protocol,
     applied: &[Taken],
     p: &Planned,
     d: &Decision,
-) -> Response<B> {
+) -> Response<Bytes> {
     let retry = d.retry_after().unwrap_or(Duration::ZERO);
     let refusing = &config.rules[p.rule];
     let policy = || {
@@ -390,5 +393,7 @@ fn reject<St, B: From<String>>(
         .chain([denied]);
     let fields = headers::fields(config.fields, policy, items);
     let limited = || RateLimited::new(retry, p.limit, refusing.bucket(), d.remaining());
-    config.rejection.respond(retry, limited, fields)
+    config
+        .rejection
+        .respond(protocol, retry, refusing.bucket(), limited, fields)
 }

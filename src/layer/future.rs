@@ -2,10 +2,12 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
+use bytes::Bytes;
 use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
+use super::body::ResponseBody;
 use super::decide::Verdict;
 use super::headers::Fields;
 use crate::BucketStore;
@@ -35,7 +37,7 @@ pin_project! {
         St: Clone,
     {
         Deciding {
-            decision: BoxFuture<'static, Verdict<St, S::Response>>,
+            decision: BoxFuture<'static, Verdict<St>>,
             inner: Option<S>,
             req: Option<Request<ReqBody>>,
         },
@@ -51,7 +53,7 @@ pin_project! {
         },
         // Answered without a decision (a request no rule could key, refused).
         Answered {
-            res: Option<S::Response>,
+            res: Option<Response<Bytes>>,
         },
         Done,
     }
@@ -79,7 +81,7 @@ where
     St: BucketStore + Clone,
 {
     pub(crate) fn decide(
-        decision: BoxFuture<'static, Verdict<St, S::Response>>,
+        decision: BoxFuture<'static, Verdict<St>>,
         inner: S,
         req: Request<ReqBody>,
     ) -> Self {
@@ -92,7 +94,7 @@ where
         }
     }
 
-    pub(crate) fn answer(res: S::Response) -> Self {
+    pub(crate) fn answer(res: Response<Bytes>) -> Self {
         Self {
             state: State::Answered { res: Some(res) },
         }
@@ -115,7 +117,7 @@ where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     St: BucketStore + Clone,
 {
-    type Output = Result<Response<ResBody>, S::Error>;
+    type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
@@ -166,7 +168,7 @@ where
                         }
                         Verdict::Reject(res) => {
                             this.state.set(State::Done);
-                            return Poll::Ready(Ok(res));
+                            return Poll::Ready(Ok(res.map(ResponseBody::answer)));
                         }
                     }
                 }
@@ -190,14 +192,14 @@ where
                         fields.insert_into(res.headers_mut());
                     }
                     this.state.set(State::Done);
-                    return Poll::Ready(Ok(res));
+                    return Poll::Ready(Ok(res.map(ResponseBody::inner)));
                 }
                 StateProj::Answered { res } => {
                     let Some(res) = res.take() else {
                         panic!("{POLLED_AFTER_DONE}");
                     };
                     this.state.set(State::Done);
-                    return Poll::Ready(Ok(res));
+                    return Poll::Ready(Ok(res.map(ResponseBody::answer)));
                 }
                 StateProj::Done => panic!("{POLLED_AFTER_DONE}"),
             }

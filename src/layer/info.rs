@@ -27,7 +27,8 @@ use crate::{BucketName, Limit};
 ///         Ok::<_, Infallible>(Response::new(format!("{left} requests left")))
 ///     }));
 /// let res = svc.ready().await?.call(Request::new(String::new())).await?;
-/// assert_eq!(res.into_body(), "9 requests left");
+/// // The inner service's own body, which the layer passed on.
+/// assert_eq!(res.into_body().into_inner().ok().as_deref(), Some("9 requests left"));
 /// # Ok(())
 /// # }
 /// ```

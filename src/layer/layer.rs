@@ -9,7 +9,7 @@ use tower_layer::Layer;
 use super::config::Config;
 use super::headers::{self, FieldVersion};
 use super::observe::DecisionEvent;
-use super::rejection::Rejection;
+use super::rejection::{Rejection, RejectionBody};
 use super::{RateLimit, Rule};
 use crate::{BucketStore, RateLimited};
 
@@ -81,7 +81,9 @@ impl<St: BucketStore + Clone> RateLimitLayer<St> {
         self
     }
 
-    /// The status of a rejection (default: 429 Too Many Requests).
+    /// The status of a rejection (default: 429 Too Many Requests). A gRPC call is always
+    /// answered HTTP 200 with `grpc-status: 8` (RESOURCE_EXHAUSTED), which its client needs to
+    /// read the refusal as one.
     #[must_use]
     pub fn rejection_status(mut self, status: StatusCode) -> Self {
         Arc::make_mut(&mut self.config).rejection.status = status;
@@ -99,13 +101,37 @@ impl<St: BucketStore + Clone> RateLimitLayer<St> {
     }
 
     /// The body of a rejection, made from the [`RateLimited`] it reports (default: a line of
-    /// text with the seconds to wait).
+    /// text with the seconds to wait), sent as `text/plain`. For a gRPC call it becomes the
+    /// `grpc-message`. Replaces [`problem_details`](Self::problem_details).
     #[must_use]
     pub fn rejection_body(
         mut self,
         body: impl Fn(&RateLimited) -> String + Send + Sync + 'static,
     ) -> Self {
-        Arc::make_mut(&mut self.config).rejection.body = Some(Arc::new(body));
+        Arc::make_mut(&mut self.config).rejection.body = RejectionBody::Custom(Arc::new(body));
+        self
+    }
+
+    /// Answers a refused HTTP request with the `quota-exceeded` problem details that
+    /// draft-ietf-httpapi-ratelimit-headers registers (RFC 9457, `application/problem+json`)
+    /// instead of a line of text; `false` goes back to the text. It names the rule that refused
+    /// as the violated policy, the name its `RateLimit` item carries:
+    ///
+    /// ```json
+    /// {"type":"https://iana.org/assignments/http-problem-types#quota-exceeded",
+    ///  "title":"Quota Exceeded","status":429,"detail":"retry after 2 s",
+    ///  "violated-policies":["per-key"]}
+    /// ```
+    ///
+    /// Replaces a [`rejection_body`](Self::rejection_body). gRPC calls are answered in gRPC's
+    /// terms either way.
+    #[must_use]
+    pub fn problem_details(mut self, on: bool) -> Self {
+        Arc::make_mut(&mut self.config).rejection.body = if on {
+            RejectionBody::Problem
+        } else {
+            RejectionBody::Text
+        };
         self
     }
 }

@@ -2,9 +2,11 @@
 // rustdoc still renders and doctests it here.
 #![doc = include_str!("../../docs/layer.md")]
 
+mod body;
 mod config;
 mod decide;
 mod future;
+mod grpc;
 mod headers;
 mod info;
 mod ip;
@@ -16,6 +18,7 @@ mod rejection;
 mod rule;
 mod service;
 
+pub use self::body::ResponseBody;
 pub use self::future::ResponseFuture;
 pub use self::headers::FieldVersion;
 pub use self::info::RateLimitInfo;

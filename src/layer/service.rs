@@ -6,10 +6,11 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower_service::Service;
 
+use super::body::ResponseBody;
 use super::config::Config;
 use super::decide::{Few, Planned, decide};
 use super::future::ResponseFuture;
-use super::rejection::{self, missing_body};
+use super::rejection::{self, Protocol};
 use super::rule::Plan;
 use crate::BucketStore;
 
@@ -25,9 +26,8 @@ impl<S, St, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, St>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
     St: BucketStore + Clone,
-    ResBody: From<String> + Send + 'static,
 {
-    type Response = Response<ResBody>;
+    type Response = Response<ResponseBody<ResBody>>;
     type Error = S::Error;
     type Future = ResponseFuture<S, ReqBody, St>;
 
@@ -59,10 +59,8 @@ where
                 // Before any store call, so a refused request has taken no tokens. The inner
                 // service stays here, ready, for the next request.
                 Plan::Refuse(status) => {
-                    return ResponseFuture::answer(rejection::failure(
-                        status,
-                        missing_body(status),
-                    ));
+                    let protocol = Protocol::of(&parts.headers);
+                    return ResponseFuture::answer(rejection::missing_key(protocol, status));
                 }
             }
         }
@@ -73,7 +71,8 @@ where
         if plan.is_empty() {
             return ResponseFuture::call(inner, req, None);
         }
-        let decision = Box::pin(decide(Arc::clone(&self.config), plan));
+        let protocol = Protocol::of(req.headers());
+        let decision = Box::pin(decide(Arc::clone(&self.config), plan, protocol));
         ResponseFuture::decide(decision, inner, req)
     }
 }

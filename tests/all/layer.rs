@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use tower::{Layer, Service, ServiceExt};
 use tower_test::mock;
 
-use crate::support::layer::{API_KEY, Req, Res, call, counting};
+use crate::support::layer::{API_KEY, Req, Res, call, counting, text};
 use crate::support::{SlowReplies, ZERO};
 
 /// "1 per minute, burst 10": nothing refills while a test runs unless it sleeps.
@@ -612,11 +612,11 @@ async fn waiting_requests_reach_the_inner_service_in_arrival_order_at_exact_time
     }
     let mut answers = Vec::new();
     for p in pending {
-        answers.push(
+        answers.push(text(
             p.await
                 .expect("the request finishes")
                 .expect("the layer answers with a response"),
-        );
+        ));
     }
 
     let statuses: Vec<StatusCode> = answers.iter().map(Response::status).collect();
@@ -842,6 +842,57 @@ async fn a_custom_rejection_sets_status_headers_and_body() {
     );
     assert_eq!(header(&res, "ratelimit"), Some("\"per-key\";r=0;t=60"));
     assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn problem_details_name_the_rule_that_refused() {
+    let store = MemoryStore::with_clock(TokioClock::new());
+    let one = Limit::per_minute(1).expect("a valid limit");
+    let many = Limit::per_second(100).expect("a valid limit");
+    let calls = Arc::new(AtomicUsize::new(0));
+    let mut svc = RateLimitLayer::new(store)
+        .rule(global(many))
+        .rule(per_key(one))
+        .problem_details(true)
+        .layer(counting(&calls));
+
+    assert_eq!(
+        call(&mut svc, request(Some("k1"), "0")).await.status(),
+        StatusCode::OK
+    );
+    let res = call(&mut svc, request(Some("k1"), "1")).await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        header(&res, "content-type"),
+        Some("application/problem+json")
+    );
+    let problem: serde_json::Value = serde_json::from_str(res.body()).expect("JSON");
+    assert_eq!(
+        problem,
+        serde_json::json!({
+            "type": "https://iana.org/assignments/http-problem-types#quota-exceeded",
+            "title": "Quota Exceeded",
+            "status": 429,
+            "detail": "retry after 60 s",
+            "violated-policies": ["per-key"],
+        })
+    );
+    // The violated policy is the item of the RateLimit field that says it is spent.
+    assert_eq!(
+        header(&res, "ratelimit"),
+        Some("\"global\";r=99;t=1, \"per-key\";r=0;t=60")
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+
+    // Back to text.
+    let mut svc = RateLimitLayer::new(MemoryStore::with_clock(TokioClock::new()))
+        .rule(per_key(one))
+        .problem_details(true)
+        .problem_details(false)
+        .layer(counting(&calls));
+    call(&mut svc, request(Some("k1"), "0")).await;
+    let res = call(&mut svc, request(Some("k1"), "1")).await;
+    assert_eq!(res.body(), "rate limited: retry after 60 s\n");
 }
 
 fn assert_clone<T: Clone>(_: &T) {}

@@ -13,7 +13,7 @@ use burstgate::{Limit, MemoryStore, TokioClock};
 use http::{Request, Response, StatusCode};
 use tower::{Layer, Service};
 
-use crate::support::layer::{API_KEY, Req, Res, call, counting};
+use crate::support::layer::{API_KEY, LayerRes, Req, Res, call, counting};
 
 fn limit(tokens: u32, burst: u32) -> Limit {
     Limit::per_minute(tokens)
@@ -180,7 +180,7 @@ async fn skipped_requests_take_no_tokens_and_carry_no_fields() {
 /// Calls until a request is refused: how many were admitted, and the refusal.
 async fn admitted<S>(svc: &mut S, make: &dyn Fn() -> Req) -> (usize, Res)
 where
-    S: Service<Req, Response = Res>,
+    S: Service<Req, Response = LayerRes>,
     S::Error: std::fmt::Debug,
 {
     let mut n = 0;

@@ -1,0 +1,161 @@
+//! The layer's answers to gRPC requests. A gRPC client reads an HTTP 429 or 503 as `UNAVAILABLE`
+//! (the gRPC spec's mapping of HTTP statuses), losing both "you are over your limit" and when to
+//! come back. A gRPC call is answered in gRPC's own terms instead: HTTP 200, an empty body, and
+//! the status in the headers (a trailers-only response), with the retry time as `retry-after`
+//! and as gRPC's retry pushback.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderMap, HeaderName, HeaderValue, Response};
+
+use super::headers::ceil_secs;
+
+static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+static GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
+/// The server's pushback of gRPC's retry design (gRFC A6): milliseconds before a retry.
+static GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
+
+/// Whether a request is a gRPC call: its content type is `application/grpc`, alone or with a
+/// subtype (`+proto`, `+json`), or gRPC-Web's (`application/grpc-web`, `-web-text`), whose
+/// clients read a trailers-only answer the same way.
+pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
+    let Some(value) = headers.get(CONTENT_TYPE) else {
+        return false;
+    };
+    let value = value.as_bytes();
+    let prefix = b"application/grpc";
+    value.len() >= prefix.len()
+        && value[..prefix.len()].eq_ignore_ascii_case(prefix)
+        && matches!(value.get(prefix.len()), None | Some(b'+' | b'-' | b';'))
+}
+
+/// The gRPC status codes the layer answers with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Code {
+    /// A request without the key a rule needs (a missing header).
+    InvalidArgument = 3,
+    /// Over the limit: the rejection.
+    ResourceExhausted = 8,
+    /// A misconfigured rule, or a server that gives no peer address.
+    Internal = 13,
+    /// The store could not decide.
+    Unavailable = 14,
+}
+
+/// A trailers-only gRPC answer: `code` and `message`, and when the call may be retried.
+pub(crate) fn answer(code: Code, message: &str, retry: Option<Duration>) -> Response<Bytes> {
+    let mut res = Response::new(Bytes::new());
+    let headers = res.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    headers.insert(GRPC_STATUS.clone(), HeaderValue::from(code as u16));
+    if let Ok(message) = HeaderValue::from_bytes(&percent_encode(message)) {
+        headers.insert(GRPC_MESSAGE.clone(), message);
+    }
+    if let Some(retry) = retry {
+        headers.insert(RETRY_AFTER, HeaderValue::from(ceil_secs(retry).max(1)));
+        let ms = u64::try_from(retry.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX);
+        headers.insert(GRPC_RETRY_PUSHBACK_MS.clone(), HeaderValue::from(ms.max(1)));
+    }
+    res
+}
+
+/// `grpc-message` is percent-encoded UTF-8: every byte outside the printable ASCII range, and
+/// `%` itself, becomes `%XX` (the gRPC over HTTP/2 spec).
+fn percent_encode(message: &str) -> Vec<u8> {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    let mut out = Vec::with_capacity(message.len());
+    for &b in message.as_bytes() {
+        if (0x20..=0x7e).contains(&b) && b != b'%' {
+            out.push(b);
+        } else {
+            out.extend_from_slice(&[b'%', HEX[usize::from(b >> 4)], HEX[usize::from(b & 15)]]);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_type(value: &'static str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static(value));
+        headers
+    }
+
+    #[test]
+    fn grpc_calls_are_told_apart_by_their_content_type() {
+        for grpc in [
+            "application/grpc",
+            "application/grpc+proto",
+            "application/grpc+json",
+            "Application/GRPC",
+            "application/grpc-web",
+            "application/grpc-web-text+proto",
+            "application/grpc;charset=utf-8",
+        ] {
+            assert!(is_grpc(&with_type(grpc)), "{grpc}");
+        }
+        for other in [
+            "application/json",
+            "application/grpcx",
+            "application/grp",
+            "text/plain",
+            "",
+        ] {
+            assert!(!is_grpc(&with_type(other)), "{other}");
+        }
+        assert!(!is_grpc(&HeaderMap::new()));
+    }
+
+    #[test]
+    fn a_rejection_is_a_trailers_only_resource_exhausted() {
+        let res = answer(
+            Code::ResourceExhausted,
+            "rate limited: retry after 2 s",
+            Some(Duration::from_millis(1500)),
+        );
+        assert_eq!(res.status(), http::StatusCode::OK);
+        assert!(res.body().is_empty());
+        let h = res.headers();
+        assert_eq!(h["content-type"], "application/grpc");
+        assert_eq!(h["grpc-status"], "8");
+        assert_eq!(h["grpc-message"], "rate limited: retry after 2 s");
+        assert_eq!(h["retry-after"], "2");
+        assert_eq!(h["grpc-retry-pushback-ms"], "1500");
+    }
+
+    #[test]
+    fn a_failure_without_a_retry_time_has_no_pushback() {
+        let res = answer(Code::Unavailable, "rate limiter unavailable", None);
+        assert_eq!(res.headers()["grpc-status"], "14");
+        assert!(!res.headers().contains_key("retry-after"));
+        assert!(!res.headers().contains_key("grpc-retry-pushback-ms"));
+    }
+
+    #[test]
+    fn the_pushback_is_rounded_up_and_never_zero() {
+        let res = answer(Code::ResourceExhausted, "m", Some(Duration::from_micros(1)));
+        assert_eq!(res.headers()["grpc-retry-pushback-ms"], "1");
+        assert_eq!(res.headers()["retry-after"], "1");
+        let res = answer(
+            Code::ResourceExhausted,
+            "m",
+            Some(Duration::from_micros(2_000_001)),
+        );
+        assert_eq!(res.headers()["grpc-retry-pushback-ms"], "2001");
+        assert_eq!(res.headers()["retry-after"], "3");
+    }
+
+    #[test]
+    fn messages_are_percent_encoded() {
+        assert_eq!(percent_encode("100% of 5 s"), b"100%25 of 5 s");
+        assert_eq!(percent_encode("a\nb"), b"a%0Ab");
+        assert_eq!(percent_encode("é"), b"%C3%A9");
+        let res = answer(Code::Internal, "quota\n100%", None);
+        assert_eq!(res.headers()["grpc-message"], "quota%0A100%25");
+    }
+}
