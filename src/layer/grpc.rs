@@ -45,7 +45,7 @@ pub(crate) enum Code {
 }
 
 /// A trailers-only gRPC answer: `code` and `message`, and when the call may be retried.
-pub(crate) fn answer(code: Code, message: &str, retry: Option<Duration>) -> Response<Bytes> {
+pub(crate) fn answer(code: Code, message: &[u8], retry: Option<Duration>) -> Response<Bytes> {
     let mut res = Response::new(Bytes::new());
     let headers = res.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
@@ -63,10 +63,10 @@ pub(crate) fn answer(code: Code, message: &str, retry: Option<Duration>) -> Resp
 
 /// `grpc-message` is percent-encoded UTF-8: every byte outside the printable ASCII range, and
 /// `%` itself, becomes `%XX` (the gRPC over HTTP/2 spec).
-fn percent_encode(message: &str) -> Vec<u8> {
+fn percent_encode(message: &[u8]) -> Vec<u8> {
     const HEX: &[u8; 16] = b"0123456789ABCDEF";
     let mut out = Vec::with_capacity(message.len());
-    for &b in message.as_bytes() {
+    for &b in message {
         if (0x20..=0x7e).contains(&b) && b != b'%' {
             out.push(b);
         } else {
@@ -115,7 +115,7 @@ mod tests {
     fn a_rejection_is_a_trailers_only_resource_exhausted() {
         let res = answer(
             Code::ResourceExhausted,
-            "rate limited: retry after 2 s",
+            b"rate limited: retry after 2 s",
             Some(Duration::from_millis(1500)),
         );
         assert_eq!(res.status(), http::StatusCode::OK);
@@ -130,7 +130,7 @@ mod tests {
 
     #[test]
     fn a_failure_without_a_retry_time_has_no_pushback() {
-        let res = answer(Code::Unavailable, "rate limiter unavailable", None);
+        let res = answer(Code::Unavailable, b"rate limiter unavailable", None);
         assert_eq!(res.headers()["grpc-status"], "14");
         assert!(!res.headers().contains_key("retry-after"));
         assert!(!res.headers().contains_key("grpc-retry-pushback-ms"));
@@ -138,12 +138,16 @@ mod tests {
 
     #[test]
     fn the_pushback_is_rounded_up_and_never_zero() {
-        let res = answer(Code::ResourceExhausted, "m", Some(Duration::from_micros(1)));
+        let res = answer(
+            Code::ResourceExhausted,
+            b"m",
+            Some(Duration::from_micros(1)),
+        );
         assert_eq!(res.headers()["grpc-retry-pushback-ms"], "1");
         assert_eq!(res.headers()["retry-after"], "1");
         let res = answer(
             Code::ResourceExhausted,
-            "m",
+            b"m",
             Some(Duration::from_micros(2_000_001)),
         );
         assert_eq!(res.headers()["grpc-retry-pushback-ms"], "2001");
@@ -152,10 +156,10 @@ mod tests {
 
     #[test]
     fn messages_are_percent_encoded() {
-        assert_eq!(percent_encode("100% of 5 s"), b"100%25 of 5 s");
-        assert_eq!(percent_encode("a\nb"), b"a%0Ab");
-        assert_eq!(percent_encode("é"), b"%C3%A9");
-        let res = answer(Code::Internal, "quota\n100%", None);
+        assert_eq!(percent_encode(b"100% of 5 s"), b"100%25 of 5 s");
+        assert_eq!(percent_encode(b"a\nb"), b"a%0Ab");
+        assert_eq!(percent_encode("é".as_bytes()), b"%C3%A9");
+        let res = answer(Code::Internal, b"quota\n100%", None);
         assert_eq!(res.headers()["grpc-message"], "quota%0A100%25");
     }
 }

@@ -79,11 +79,17 @@ impl Rejection {
     ) -> Response<Bytes> {
         // Never 0: a client told "retry after 0" would come straight back and be refused again.
         let secs = ceil_secs(retry_after).max(1);
-        let text = || {
-            let mut body = String::with_capacity(48);
-            body.push_str("rate limited: retry after ");
-            body.extend(decimal(secs, &mut [0; 20]).iter().map(|&d| char::from(d)));
-            body.push_str(" s");
+        let text = |end: &str| {
+            const START: &str = "rate limited: retry after ";
+            let mut digits = [0; 20];
+            let digits = decimal(secs, &mut digits);
+            // Sized exactly: `Bytes` takes a full vector as it is, and one with room to spare
+            // only with an allocation more.
+            let mut body = Vec::with_capacity(START.len() + digits.len() + 2 + end.len());
+            body.extend_from_slice(START.as_bytes());
+            body.extend_from_slice(digits);
+            body.extend_from_slice(b" s");
+            body.extend_from_slice(end.as_bytes());
             body
         };
         let mut res = match protocol {
@@ -91,22 +97,21 @@ impl Rejection {
             // becomes the status message.
             Protocol::Grpc => {
                 let message = match &self.body {
-                    RejectionBody::Custom(f) => f(&limited()),
-                    RejectionBody::Text | RejectionBody::Problem => text(),
+                    RejectionBody::Custom(f) => f(&limited()).into_bytes(),
+                    RejectionBody::Text | RejectionBody::Problem => text(""),
                 };
                 grpc::answer(Code::ResourceExhausted, &message, Some(retry_after))
             }
             Protocol::Http => {
                 let (body, content_type) = match &self.body {
-                    RejectionBody::Text => {
-                        let mut body = text();
-                        body.push('\n');
-                        (body, "text/plain; charset=utf-8")
+                    RejectionBody::Text => (text("\n"), "text/plain; charset=utf-8"),
+                    RejectionBody::Problem => (
+                        problem(self.status, secs, rule).into_bytes(),
+                        "application/problem+json",
+                    ),
+                    RejectionBody::Custom(f) => {
+                        (f(&limited()).into_bytes(), "text/plain; charset=utf-8")
                     }
-                    RejectionBody::Problem => {
-                        (problem(self.status, secs, rule), "application/problem+json")
-                    }
-                    RejectionBody::Custom(f) => (f(&limited()), "text/plain; charset=utf-8"),
                 };
                 let mut res = Response::new(Bytes::from(body));
                 *res.status_mut() = self.status;
@@ -157,7 +162,7 @@ pub(crate) fn failure(
             s if s.is_client_error() => Code::InvalidArgument,
             _ => Code::Internal,
         };
-        return grpc::answer(code, message, retry);
+        return grpc::answer(code, message.as_bytes(), retry);
     }
     let mut res = Response::new(Bytes::from(format!("{message}\n")));
     *res.status_mut() = status;
