@@ -472,6 +472,35 @@ pub(crate) fn set(p: &Params, state: Option<State>, now: u64, tokens: f64) -> Wr
     write(p, tokens, ts)
 }
 
+/// Lowers the bucket to `tokens` at the later of `now` and the stored time, when it holds more
+/// then, and refills from there; a bucket holding `tokens` or fewer (in debt, say) is left as it
+/// is: never raised. For a client told by the upstream how much of the budget is left, when
+/// someone else spends it too. The outcome is allowed when the bucket was lowered. Nothing is
+/// written otherwise, unless a stored time far ahead was moved back. The halt is kept (the
+/// caller's): lowering only moves later reservations later, so every reservation granted after
+/// a drain is still slotted at its halt or later.
+pub(crate) fn lower(
+    p: &Params,
+    state: Option<State>,
+    now: u64,
+    tokens: f64,
+) -> (Outcome, Option<Write>) {
+    let now = time(now);
+    let (s, avail, ts, clamped) = available(p, state, now);
+    if tokens < avail {
+        let w = write(p, tokens, ts);
+        return (w.outcome(), Some(w));
+    }
+    let outcome = Outcome {
+        allowed: false,
+        wait: 0,
+        remaining: whole_tokens(avail),
+        reset: whole(max(0.0, ready_at(p, s.t, s.ts, p.capacity) - ts)),
+        at: whole(ts),
+    };
+    (outcome, clamped.then(|| write(p, s.t, s.ts)))
+}
+
 /// Blocks the bucket until `until`: no token is available before it, and the first one is
 /// available at it, to the millisecond. Reservations already queued past `until` keep their
 /// places (the bucket keeps the deeper debt), so the first token is then later. A deadline not

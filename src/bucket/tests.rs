@@ -383,11 +383,13 @@ proptest! {
     #[test]
     fn nothing_overflows_for_any_limit_cost_and_time(
         limit in limit(),
-        ops in prop::collection::vec((any::<u64>(), any::<u32>(), 0u8..6, any::<u64>()), 1..30),
+        ops in prop::collection::vec((any::<u64>(), any::<u32>(), 0u8..7, any::<u64>()), 1..30),
     ) {
         let p = Params::of(&limit);
         let mut state = None;
         for (now, cost, op, arg) in ops {
+            // Any report at all, far above the burst included.
+            let cost_raw = cost;
             let tokens = f64::from(cost % (limit.burst().saturating_add(1)));
             let cost = f64::from(1 + cost % limit.burst());
             let write = match op {
@@ -409,6 +411,7 @@ proptest! {
                     Some(drain_until(&p, state, now, arg))
                 }
                 4 => Some(set(&p, state, now, tokens)),
+                5 => lower(&p, state, now, f64::from(cost_raw)).1,
                 _ => {
                     let h = block_halt(&p, state, 0.0, now, arg);
                     prop_assert!(sound_halt(h), "{}", h);
@@ -848,4 +851,57 @@ fn a_set_holds_exactly_its_tokens_from_now_and_forgets_the_debt() {
     assert_eq!(set(&p, ahead, 500, 4.0).state, State { t: 4.0, ts: 900.0 });
     let far = Some(State { t: -2.0, ts: 1e12 });
     assert_eq!(set(&p, far, 500, 4.0).state, State { t: 4.0, ts: 500.0 });
+}
+
+proptest! {
+    #[test]
+    fn lowering_leaves_the_least_of_what_the_bucket_held_and_the_report(
+        limit in small_limit(),
+        taken in 0u32..30,
+        reported in 0u32..40,
+        later in 0u64..200_000,
+    ) {
+        let p = Params::of(&limit);
+        // Spent and reserved: from full to some way into debt.
+        let mut state = None;
+        for _ in 0..taken {
+            state = evaluate(&p, state, START, 1.0, u64::MAX).1.map(|w| w.state).or(state);
+        }
+        let now = START + later;
+        let before = peek(&p, state, now);
+        let (o, w) = lower(&p, state, now, f64::from(reported));
+        let after = peek(&p, w.map(|w| w.state).or(state), now);
+        prop_assert_eq!(after.remaining, before.remaining.min(u64::from(reported)));
+        prop_assert_eq!(o.allowed, w.is_some());
+        if let Some(w) = w {
+            // Lowered to exactly the report, never raised.
+            prop_assert_eq!(w.state.t, f64::from(reported));
+            prop_assert!(u64::from(reported) < u64::from(limit.burst()));
+            prop_assert_eq!(after.remaining, u64::from(reported));
+        } else {
+            prop_assert_eq!(after, before);
+        }
+        // What refills after it refills at the limit's rate, from the lowered level: the next
+        // whole token is never sooner than the bucket's own would have been.
+        prop_assert!(after.remaining < before.remaining || after.wait >= before.wait);
+    }
+}
+
+#[test]
+fn lowering_an_emptied_bucket_to_zero_makes_its_next_token_one_period_away() {
+    // 20 a second, burst 9: full, told nothing is left.
+    let p = Params::new(20.0, 1000.0, 9.0);
+    let (o, w) = lower(&p, None, START, 0.0);
+    assert!(o.allowed);
+    let lowered = w.map(|w| w.state);
+    assert_eq!(evaluate(&p, lowered, START, 1.0, 0).0.wait, 50);
+    assert!(evaluate(&p, lowered, START + 50, 1.0, 0).0.allowed);
+    // A bucket in debt holds less than any report: nothing is written, its queue stands.
+    let mut queued = None;
+    for _ in 0..12 {
+        queued = evaluate(&p, queued, START, 1.0, u64::MAX)
+            .1
+            .map(|w| w.state);
+    }
+    assert_eq!(lower(&p, queued, START, 0.0).1, None);
 }

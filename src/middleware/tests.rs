@@ -705,6 +705,15 @@ impl BucketStore for HeldDrains {
         self.inner.drain_until(key, limit, until).await
     }
 
+    async fn lower_to(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+        tokens: u32,
+    ) -> Result<bool, StoreError> {
+        self.inner.lower_to(key, limit, tokens).await
+    }
+
     async fn reset(&self, key: &BucketKey) -> Result<(), StoreError> {
         self.inner.reset(key).await
     }

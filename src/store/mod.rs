@@ -133,6 +133,27 @@ pub trait BucketStore: Send + Sync + 'static {
         until: SystemTime,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
+    /// Lowers the bucket to hold at most `tokens` whole tokens now, when it holds more; never
+    /// raises it. For a client whose upstream reports on each answer how much of the budget is
+    /// left (`X-Ratelimit-Remaining`, the `RateLimit` field): when someone else spends the same
+    /// budget (the account's other integrations), or Redis forgot what was spent, the shared
+    /// bucket comes down to what the upstream has, and every worker slows down with it.
+    ///
+    /// - Returns whether the bucket was lowered: `false` when it held `tokens` or fewer (a
+    ///   bucket in debt, with reservations queued, holds fewer than any report), and then
+    ///   nothing is written.
+    /// - A lowered bucket refills from its new level at the limit's rate, from the later of the
+    ///   store's clock and the bucket's stored time. Reservations already queued keep their
+    ///   slots; the halt of a drain is kept.
+    /// - A `tokens` at or above the burst never lowers anything, and is not an error: upstreams
+    ///   with a larger burst report more than the bucket can hold.
+    fn lower_to(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+        tokens: u32,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
     /// Forgets the bucket (an admin operation): the next call finds it full, with no halt, as a
     /// bucket never used. The limit is not needed, since a missing bucket is full under any.
     ///
@@ -503,6 +524,14 @@ pub trait DynBucketStore: Send + Sync + 'static {
         until: SystemTime,
     ) -> Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>>;
 
+    /// [`BucketStore::lower_to`], boxed.
+    fn lower_to_boxed<'a>(
+        &'a self,
+        key: &'a BucketKey,
+        limit: Limit,
+        tokens: u32,
+    ) -> Pin<Box<dyn Future<Output = Result<bool, StoreError>> + Send + 'a>>;
+
     /// [`BucketStore::reset`], boxed.
     fn reset_boxed<'a>(
         &'a self,
@@ -563,6 +592,15 @@ impl<S: BucketStore> DynBucketStore for S {
         Box::pin(self.drain_until(key, limit, until))
     }
 
+    fn lower_to_boxed<'a>(
+        &'a self,
+        key: &'a BucketKey,
+        limit: Limit,
+        tokens: u32,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(self.lower_to(key, limit, tokens))
+    }
+
     fn reset_boxed<'a>(&'a self, key: &'a BucketKey) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(self.reset(key))
     }
@@ -617,6 +655,15 @@ impl BucketStore for Arc<dyn DynBucketStore> {
         until: SystemTime,
     ) -> Result<(), StoreError> {
         (**self).drain_until_boxed(key, limit, until).await
+    }
+
+    async fn lower_to(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+        tokens: u32,
+    ) -> Result<bool, StoreError> {
+        (**self).lower_to_boxed(key, limit, tokens).await
     }
 
     async fn reset(&self, key: &BucketKey) -> Result<(), StoreError> {

@@ -401,6 +401,15 @@ impl BucketStore for StuckOn {
         self.store.drain_until(key, limit, until).await
     }
 
+    async fn lower_to(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+        tokens: u32,
+    ) -> Result<bool, StoreError> {
+        self.store.lower_to(key, limit, tokens).await
+    }
+
     async fn reset(&self, key: &BucketKey) -> Result<(), StoreError> {
         self.store.reset(key).await
     }

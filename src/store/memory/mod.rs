@@ -402,6 +402,22 @@ impl<C: Clock> BucketStore for MemoryStore<C> {
         )
     }
 
+    fn lower_to(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+        tokens: u32,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        let p = Params::of(&limit);
+        ready(
+            self.with_bucket(key, |state, now| {
+                let (outcome, write) = bucket::lower(&p, state, now, f64::from(tokens));
+                (outcome.allowed, write)
+            })
+            .map_err(|Full| self.too_many()),
+        )
+    }
+
     /// A table never changes once made, so a bucket in one cannot be removed at once: its slot
     /// is given a state every operation reads as a missing bucket's, full since time 0, which
     /// the shard's next rebuild drops with the other full buckets (a key among the shard's new

@@ -9,10 +9,10 @@
 --          granted before it may go (bucket.rs's halt); a set drops it. A 24-byte value has no
 --          halt
 -- ARGV[1]  72 bytes, struct.pack('<ddddddddd', op, now, tokens, interval, capacity, x, max_wait,
---          lead, most_debt): op 1 acquire, 2 peek, 3 refund, 4 drain, 5 set, 6 block; interval
---          and max_wait in milliseconds; x is the cost for acquire and refund, the deadline for
---          drain and block, the tokens the bucket is set to for set (the caller keeps them within
---          the burst); max_wait is read by acquire, and carries the reservation's slot (ms) for
+--          lead, most_debt): op 1 acquire, 2 peek, 3 refund, 4 drain, 5 set, 6 block, 7 lower;
+--          interval and max_wait in milliseconds; x is the cost for acquire and refund, the
+--          deadline for drain and block, the tokens the bucket is set to for set (the caller
+--          keeps them within the burst) and lowered to for lower; max_wait is read by acquire, and carries the reservation's slot (ms) for
 --          refund; lead (how far a stored time may lead now, ms) and most_debt (tokens) are the
 --          limit's, as bucket.rs's Params derives them, passed so that no call works them out
 --          again. A reset is no operation of the script: the store deletes the key
@@ -23,7 +23,7 @@
 --          and the caller works out the denial from it. Any other call returns
 --          struct.pack('<ddddd', allowed, wait, remaining, reset, at), all whole numbers (at is the
 --          time the waits count from, ts2 below; for a refund, allowed says whether the tokens
---          went back, for a block whether it wrote), and a denial (one that was allowed to wait,
+--          went back, for a block or a lower whether it wrote), and a denial (one that was allowed to wait,
 --          not long enough) appends the stored value, as it was read (64 or 72 bytes in all); a
 --          peek appends the halt (0 for none), 48 bytes in all.
 --
@@ -164,8 +164,8 @@ local function ready_at(t, ts, target)
   return ts + e
 end
 
--- Every other path: the admission after a wait, the denial, peek, refund, drain, set and block.
--- Those that write set t2 and wait, and fall through to the write at the end, made at ts2. Waits
+-- Every other path: the admission after a wait, the denial, peek, refund, drain, set, block and
+-- lower. Those that write set t2 and wait, and fall through to the write at the end, made at ts2. Waits
 -- count from ts2, the later of now and the stored time.
 local t2, wait
 if op == 1 then
@@ -260,6 +260,18 @@ elseif op == 6 then
   -- The halt: the deadline, which is the first token after the block on an empty queue, unless
   -- a later one is kept already.
   if deadline > halt then halt = deadline end
+  wait = 0
+elseif op == 7 then
+  -- Down to x tokens from ts2 on when the bucket holds more, the halt kept; a bucket holding x
+  -- or fewer (one in debt) is never raised, and nothing is written (bucket.rs's lower).
+  if not (x < avail) then
+    local held = 0
+    if avail > 0 then held = avail - avail % 1 end
+    local until_full = ready_at(t, ts, capacity) - ts2
+    if not (until_full > 0) then until_full = 0 end
+    return struct.pack('<ddddd', 0, 0, held, until_full, ts2)
+  end
+  t2 = x
   wait = 0
 else
   return redis.error_reply('burstgate: unknown operation')

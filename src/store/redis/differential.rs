@@ -76,13 +76,13 @@ fn random_limit(rng: &mut Rng) -> Limit {
 }
 
 /// Which operations a trace draws from. The traces of the decisions are those the mutants of
-/// the decisions' lines were chosen against, kept as they were; the admin traces add sets and
-/// blocks to them, from the same seeds.
+/// the decisions' lines were chosen against, kept as they were; the admin traces add sets,
+/// blocks and lowerings to them, from the same seeds.
 #[derive(Debug, Clone, Copy)]
 enum Family {
     /// Acquires, reservations, peeks, refunds and drains.
     Decisions,
-    /// The same, and sets and blocks.
+    /// The same, and sets, blocks and lowerings to what an upstream reports.
     Admin,
 }
 
@@ -117,7 +117,7 @@ async fn trace(
     let mut log = format!("{family:?} seed {seed}, limit {limit:?}\n");
     let ops = match family {
         Family::Decisions => 10,
-        Family::Admin => 12,
+        Family::Admin => 13,
     };
     // The slots and costs of the admissions so far, for refunds that name one.
     let mut slots: Vec<(u64, u64)> = Vec::new();
@@ -186,6 +186,19 @@ async fn trace(
                     _ => rng.below(u64::MAX),
                 };
                 (Op::Block, until, 0)
+            }
+            12 => {
+                // What an upstream reports: nothing left, a report just under or over what the
+                // bucket holds (the edge of lowering), above the burst, or anything.
+                let held = bucket::peek(&p, stored.state, now).remaining;
+                let tokens = match rng.below(5) {
+                    0 => 0,
+                    1 => held.saturating_sub(1),
+                    2 => held + rng.below(2),
+                    3 => burst + rng.below(3),
+                    _ => rng.below(burst + 1),
+                };
+                (Op::Lower, tokens, 0)
             }
             _ => {
                 let w = plain(now, cost_f);
@@ -269,7 +282,9 @@ async fn check_step(
         Op::Drain => bucket::halt(&p, state, stored.halt, now, Some(x)),
         Op::Block => bucket::block_halt(&p, state, stored.halt, now, x),
         Op::Set => 0.0,
-        Op::Acquire | Op::Peek | Op::Refund => bucket::halt(&p, state, stored.halt, now, None),
+        Op::Acquire | Op::Peek | Op::Refund | Op::Lower => {
+            bucket::halt(&p, state, stored.halt, now, None)
+        }
     };
     // A stored time beyond the lead bound is moved back and stored at once by every operation
     // but peek, kept by the first estimate of the refill time, with no halt.
@@ -297,15 +312,17 @@ async fn check_step(
             (w.outcome(), Some(w))
         }
         Op::Block => bucket::block_until(&p, state, now, x),
+        Op::Lower => bucket::lower(&p, state, now, x as f64),
     };
     // The TTL the script sets, if it sets one: it keeps the key until full plus one interval,
     // with the first estimate of the refill time after a plain admission, as the script
     // computes it; when the stored keep already covers that, and by no more than one interval
     // beyond, it leaves the expiry alone. The TTL counts from the time of the write.
     let plain = matches!(op, Op::Acquire) && expected.allowed && expected.wait == 0;
-    // A denial, a refund that gives nothing back and a block whose deadline is not ahead write
-    // only the moved stored time, modelled above.
-    let denial = matches!(op, Op::Acquire | Op::Refund | Op::Block) && !expected.allowed;
+    // A denial, a refund that gives nothing back, a block whose deadline is not ahead and a lowering
+    // that lowers nothing write only the moved stored time, modelled above.
+    let denial =
+        matches!(op, Op::Acquire | Op::Refund | Op::Block | Op::Lower) && !expected.allowed;
     if let Some(w) = write.filter(|_| !denial) {
         let need = if plain {
             let e = ((p.capacity - w.state.t) * p.interval / p.tokens).ceil();
@@ -557,6 +574,8 @@ async fn planted(
         (Op::Set, 4, 0),
         (Op::Block, now + 5_000, 0),
         (Op::Block, now, 0),
+        (Op::Lower, 0, 0),
+        (Op::Lower, 3, 0),
     ];
     for (t, ts, keep, halt) in planted_values() {
         let mut value = [t.to_le_bytes(), ts.to_le_bytes(), keep.to_le_bytes()].concat();
@@ -983,6 +1002,22 @@ const MUTANTS: &[(&str, &str)] = &[
         "  if deadline > halt then halt = deadline end\n  wait = 0",
         "  if deadline > halt then halt = deadline end\n  wait = 1",
     ),
+    // lower: down to the report when the bucket holds more, never up, the halt kept
+    ("elseif op == 7 then", "elseif op == 9 then"),
+    ("if not (x < avail) then", "if not (x <= avail) then"),
+    ("if avail > 0 then held = avail - avail % 1 end", ""),
+    (
+        "local until_full = ready_at(t, ts, capacity) - ts2",
+        "local until_full = ready_at(t, ts2, capacity) - ts2",
+    ),
+    ("if not (until_full > 0) then until_full = 0 end", ""),
+    (
+        "return struct.pack('<ddddd', 0, 0, held, until_full, ts2)",
+        "return struct.pack('<ddddd', 1, 0, held, until_full, ts2)",
+    ),
+    ("  t2 = x\n  wait = 0", "  t2 = x\n  halt = 0\n  wait = 0"),
+    ("  t2 = x\n  wait = 0", "  t2 = x + 0.5\n  wait = 0"),
+    ("  t2 = x\n  wait = 0", "  t2 = x\n  wait = 1"),
     // the stored value's validation, caught by the planted values
     ("and ts % 1 == 0", ""),
     ("and halt % 1 == 0", ""),

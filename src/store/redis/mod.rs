@@ -572,6 +572,34 @@ where
         }
     }
 
+    async fn lower_to(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+        tokens: u32,
+    ) -> Result<bool, StoreError> {
+        // A bucket holds at most its burst: a report at or above it lowers nothing, and costs
+        // no round trip.
+        if tokens >= limit.burst() {
+            return Ok(false);
+        }
+        let args = Args {
+            op: Op::Lower,
+            limit,
+            x: u64::from(tokens),
+            max_wait: 0,
+        };
+        // A denial cached here stays sound: lowering only makes the bucket's next token later.
+        match self.run(key, self.clock.now_ms(), args).await {
+            Ok(reply) => Ok(reply.outcome.allowed),
+            Err(Failure::Fatal(e)) => Err(e),
+            Err(Failure::Outage(e)) => match self.local_limit(limit) {
+                Some(local) => self.local.lower_to(key, local, tokens).await,
+                None => Err(e),
+            },
+        }
+    }
+
     /// A `DEL` of the bucket's key, whatever it holds, through the same timeout, breaker and
     /// bound on calls in flight as every call; see [Admin operations](Self#admin-operations).
     async fn reset(&self, key: &BucketKey) -> Result<(), StoreError> {

@@ -95,7 +95,8 @@ pub(super) fn delete(redis_key: RedisKey<'_>) -> Cmd {
 pub(super) struct Args {
     pub(super) op: Op,
     pub(super) limit: Limit,
-    /// The cost for acquire and refund, the deadline for drain and block, the tokens for set.
+    /// The cost for acquire and refund, the deadline for drain and block, the tokens for set
+    /// and lower.
     pub(super) x: u64,
     pub(super) max_wait: u64,
 }
@@ -109,6 +110,7 @@ pub(super) enum Op {
     Drain = 4,
     Set = 5,
     Block = 6,
+    Lower = 7,
 }
 
 /// The script's one argument: nine little-endian `f64`s.
@@ -125,6 +127,7 @@ impl Op {
             Self::Drain => "drain",
             Self::Set => "set",
             Self::Block => "block",
+            Self::Lower => "lower",
         }
     }
 }
