@@ -272,6 +272,50 @@ mod cases {
         assert_eq!(q.resets_in(), Duration::from_millis(1_500));
     }
 
+    pub(crate) async fn lowering_follows_a_report_down_and_never_up<S, F>(
+        make: impl FnOnce(ManualClock) -> F,
+    ) where
+        S: BucketStore,
+        F: Future<Output = S>,
+    {
+        let clock = ManualClock::new(START);
+        let store = make(clock.clone()).await;
+        // 20 a second, burst 9.
+        let l = limit(20, 1_000, 9);
+        let k = key("synced", "a");
+        // A report at or above the burst changes nothing; one below lowers the full bucket.
+        assert!(!store.lower_to(&k, l, 9).await.expect("lowers"));
+        assert!(!store.lower_to(&k, l, 25).await.expect("lowers"));
+        assert!(store.lower_to(&k, l, 3).await.expect("lowers"));
+        let q = store.peek(&k, l).await.expect("peeks");
+        assert_eq!(q.remaining(), 3);
+        // Never raised: a later report of more is ignored.
+        assert!(!store.lower_to(&k, l, 5).await.expect("lowers"));
+        for _ in 0..3 {
+            let d = store.acquire(&k, l, 1, ZERO).await.expect("decides");
+            assert!(d.is_admitted() && d.wait() == ZERO);
+        }
+        let d = store.acquire(&k, l, 1, ZERO).await.expect("decides");
+        assert_eq!(d.retry_after(), Some(Duration::from_millis(50)));
+        // Reservations queued keep their slots: a bucket in debt holds less than any report.
+        let queued = store
+            .acquire(&k, l, 1, Duration::from_secs(1))
+            .await
+            .expect("decides");
+        assert_eq!(queued.wait(), Duration::from_millis(50));
+        assert!(!store.lower_to(&k, l, 0).await.expect("lowers"));
+        let next = store
+            .acquire(&k, l, 1, Duration::from_secs(1))
+            .await
+            .expect("decides");
+        assert_eq!(next.wait(), Duration::from_millis(100));
+        // Refilled, then told nothing is left: the next token one token period from then.
+        clock.advance(Duration::from_millis(1_000));
+        assert!(store.lower_to(&k, l, 0).await.expect("lowers"));
+        let d = store.acquire(&k, l, 1, ZERO).await.expect("decides");
+        assert_eq!(d.retry_after(), Some(Duration::from_millis(50)));
+    }
+
     pub(crate) async fn impossible_costs_are_errors_not_waits<S, F>(
         make: impl FnOnce(ManualClock) -> F,
     ) where
@@ -485,6 +529,11 @@ macro_rules! suite {
             #[tokio::test]
             async fn a_stale_clock_gets_no_credit() {
                 cases::a_stale_clock_gets_no_credit($make).await;
+            }
+
+            #[tokio::test]
+            async fn lowering_follows_a_report_down_and_never_up() {
+                cases::lowering_follows_a_report_down_and_never_up($make).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
