@@ -1,5 +1,6 @@
-//! Reading the upstream's answer: a 429 with `X-Ratelimit-Retry` or `Retry-After` drains the
-//! shared bucket, other `4xx` answers may cost more, and a request that waited checks that no
+//! Reading the upstream's answer: a 429 (or a 503 with a time to wait) with `X-Ratelimit-Retry`
+//! or `Retry-After` drains the shared bucket, a report of fewer tokens left than the bucket
+//! holds lowers it, other `4xx` answers may cost more, and a request that waited checks that no
 //! drain passed its slot before it is sent.
 
 use std::fmt;
@@ -45,8 +46,16 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
         res: &Response,
     ) -> Option<Feedback> {
         let status = res.status();
-        if status == StatusCode::TOO_MANY_REQUESTS {
-            let told = upstream_retry(res.headers(), self.clock.now());
+        let told = match status {
+            StatusCode::TOO_MANY_REQUESTS => Some(upstream_retry(res.headers(), self.clock.now())),
+            // A 503 is a back-off only when it says how long: without a time it is the
+            // upstream failing, which a retry policy handles.
+            StatusCode::SERVICE_UNAVAILABLE => {
+                upstream_retry(res.headers(), self.clock.now()).map(Some)
+            }
+            _ => None,
+        };
+        if let Some(told) = told {
             let retry = match told {
                 Some(retry) if retry > self.config.max_backoff => {
                     tracing::warn!(
@@ -67,21 +76,27 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
             // header), the latest time the arithmetic knows: the store clamps to it anyway.
             let until = clock::add_or_latest(self.clock.now(), retry);
             let until = until.checked_sub(token_period(limit)).unwrap_or(until);
-            Some(Feedback::Drain { until, retry })
-        } else if status.is_client_error() && self.config.error_cost > 1 {
-            Some(Feedback::Charge {
-                extra: self.config.error_cost - 1,
-            })
-        } else {
-            None
+            return Some(Feedback::Drain { until, retry });
         }
+        // The upstream's count, when it gives one, already holds whatever an error cost it.
+        if let Some(left) = self.config.follow.remaining(res.headers()) {
+            return (left < limit.burst()).then_some(Feedback::Lower { tokens: left });
+        }
+        if status.is_client_error() && self.config.error_cost > 1 {
+            return Some(Feedback::Charge {
+                extra: self.config.error_cost - 1,
+            });
+        }
+        None
     }
 }
 
 /// A change the upstream's answer asks of the shared bucket.
 pub(super) enum Feedback {
-    /// A 429: every worker backs off until `until`.
+    /// A 429, or a 503 with a time: every worker backs off until `until`.
     Drain { until: SystemTime, retry: Duration },
+    /// The upstream has `tokens` left, fewer than the bucket can hold.
+    Lower { tokens: u32 },
     /// Another 4xx, under `error_cost`: `extra` more tokens are owed.
     Charge { extra: u32 },
 }
@@ -115,6 +130,18 @@ impl Feedback {
                     tracing::warn!(bucket = key.bucket(), error = %e, "could not drain after a 429");
                 }
             }
+            Self::Lower { tokens } => match store.lower_to(key, limit, tokens).await {
+                Ok(true) => tracing::debug!(
+                    bucket = key.bucket(),
+                    key = %key.fingerprint(),
+                    tokens,
+                    "the upstream has fewer tokens left: lowered the shared bucket"
+                ),
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(bucket = key.bucket(), error = %e, "could not lower to the upstream's count");
+                }
+            },
             Self::Charge { mut extra } => {
                 while extra > 0 {
                     let take = extra.min(limit.burst());

@@ -4,6 +4,7 @@
 
 mod account;
 mod backoff;
+mod follow;
 mod path;
 mod route;
 
@@ -46,6 +47,7 @@ struct Config {
     max_wait: Option<Duration>,
     error_cost: u32,
     max_backoff: Duration,
+    follow: follow::Follow,
 }
 
 impl<St: BucketStore + Clone> RateLimitMiddleware<St, SystemClock> {
@@ -62,6 +64,7 @@ impl<St: BucketStore + Clone> RateLimitMiddleware<St, SystemClock> {
                 max_wait: None,
                 error_cost: 1,
                 max_backoff: DEFAULT_MAX_BACKOFF,
+                follow: follow::Follow::default(),
             }),
         }
     }
@@ -133,6 +136,34 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
     #[must_use]
     pub fn max_backoff(mut self, max_backoff: Duration) -> Self {
         Arc::make_mut(&mut self.config).max_backoff = max_backoff;
+        self
+    }
+
+    /// Whether the shared bucket follows what the upstream reports it has left (default: yes).
+    ///
+    /// On every answer that reports fewer tokens left than the bucket holds, the bucket is
+    /// lowered to that, in one store call ([`BucketStore::lower_to`]), so every worker in every
+    /// process slows down when someone else spends the same budget (the account's other
+    /// integrations, a second service with the same token) or Redis forgot what was spent. It
+    /// is never raised. The fields read are `X-Ratelimit-Remaining`, `RateLimit-Remaining` and
+    /// the `r` of the IETF `RateLimit` field, with any set with
+    /// [`remaining_header`](Self::remaining_header) first; the fewest any of them reports counts.
+    /// A report at or above the route's burst needs no store call.
+    #[must_use]
+    pub fn follow_upstream(mut self, on: bool) -> Self {
+        Arc::make_mut(&mut self.config).follow.on = on;
+        self
+    }
+
+    /// Also reads the tokens left from `name`, a vendor's own field holding a count (such as
+    /// `X-Seller-Quota-Left`), before the standard ones. See
+    /// [`follow_upstream`](Self::follow_upstream).
+    #[must_use]
+    pub fn remaining_header(mut self, name: HeaderName) -> Self {
+        let names = &mut Arc::make_mut(&mut self.config).follow.names;
+        if !names.contains(&name) {
+            names.insert(0, name);
+        }
         self
     }
 
@@ -275,6 +306,7 @@ impl<St: fmt::Debug, K: fmt::Debug> fmt::Debug for RateLimitMiddleware<St, K> {
             .field("max_wait", &self.config.max_wait)
             .field("error_cost", &self.config.error_cost)
             .field("max_backoff", &self.config.max_backoff)
+            .field("follow_upstream", &self.config.follow)
             .finish()
     }
 }

@@ -781,3 +781,165 @@ fn a_429s_back_off_survives_the_caller_going_away() {
         assert!(drained, "the drain was lost with the caller");
     });
 }
+
+/// An upstream that answers the `n`th request (from 0) with the status and headers `answer`
+/// gives, and logs when each request arrived; no network.
+#[derive(Clone)]
+struct Reporting {
+    answer: Arc<dyn Fn(usize) -> (StatusCode, Vec<(&'static str, String)>) + Send + Sync>,
+    arrivals: Arc<std::sync::Mutex<Vec<tokio::time::Instant>>>,
+}
+
+impl Reporting {
+    fn new(
+        answer: impl Fn(usize) -> (StatusCode, Vec<(&'static str, String)>) + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            answer: Arc::new(answer),
+            arrivals: Arc::default(),
+        }
+    }
+
+    fn sent_ms(&self, start: tokio::time::Instant) -> Vec<u64> {
+        self.arrivals
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .map(|at| (*at - start).as_millis() as u64)
+            .collect()
+    }
+}
+
+#[async_trait::async_trait]
+impl reqwest_middleware::Middleware for Reporting {
+    async fn handle(
+        &self,
+        _req: Request,
+        _extensions: &mut Extensions,
+        _next: Next<'_>,
+    ) -> reqwest_middleware::Result<Response> {
+        let n = {
+            let mut arrivals = self
+                .arrivals
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            arrivals.push(tokio::time::Instant::now());
+            arrivals.len() - 1
+        };
+        let (status, headers) = (self.answer)(n);
+        let mut answer = http::Response::new(Vec::<u8>::new());
+        *answer.status_mut() = status;
+        for (name, value) in headers {
+            answer.headers_mut().append(
+                name,
+                http::HeaderValue::from_str(&value).expect("a header value"),
+            );
+        }
+        Ok(Response::from(answer))
+    }
+}
+
+/// One request through `limiter` to `upstream` for one account, then `more` at once: when each
+/// reached the upstream, in ms from the start. "1 a second, burst 5" unless the limiter says
+/// otherwise.
+async fn sends(
+    limiter: RateLimitMiddleware<MemoryStore<crate::TokioClock>, crate::TokioClock>,
+    upstream: &Reporting,
+    more: usize,
+) -> Vec<u64> {
+    let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+        .with(limiter)
+        .with(upstream.clone())
+        .build();
+    let start = tokio::time::Instant::now();
+    let send = |client: reqwest_middleware::ClientWithMiddleware| async move {
+        client
+            .get("http://upstream.test/orders")
+            .with_extension(Account::new("seller-1"))
+            .send()
+            .await
+            .map(|r| r.status())
+    };
+    send(client.clone())
+        .await
+        .expect("the first request is sent");
+    let calls: Vec<_> = (0..more)
+        .map(|_| tokio::spawn(send(client.clone())))
+        .collect();
+    for call in calls {
+        call.await.expect("a request finishes").expect("sent");
+    }
+    upstream.sent_ms(start)
+}
+
+fn one_a_second_burst_5() -> RateLimitMiddleware<MemoryStore<crate::TokioClock>, crate::TokioClock>
+{
+    let clock = crate::TokioClock::new();
+    let limit = Limit::per_second(1)
+        .and_then(|l| l.with_burst(5))
+        .expect("a valid limit");
+    RateLimitMiddleware::new(MemoryStore::with_clock(clock))
+        .with_clock(clock)
+        .route(Route::new("api", limit, "/orders").expect("a route"))
+        .max_wait(Duration::from_secs(60))
+}
+
+fn ok_with(name: &'static str, value: &str) -> (StatusCode, Vec<(&'static str, String)>) {
+    (StatusCode::OK, vec![(name, value.to_owned())])
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_report_of_fewer_tokens_left_lowers_the_shared_bucket() {
+    // Someone else spent the account's budget: after the first request, one token is left.
+    let upstream =
+        Reporting::new(|n| ok_with("x-ratelimit-remaining", if n == 0 { "1" } else { "0" }));
+    let sent = sends(one_a_second_burst_5(), &upstream, 3).await;
+    // One goes at once on the token the upstream still has, then one a second: not four at once.
+    assert_eq!(sent, [0, 0, 1_000, 2_000]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_following_the_bucket_spends_its_own_count() {
+    let upstream = Reporting::new(|_| ok_with("x-ratelimit-remaining", "0"));
+    let sent = sends(one_a_second_burst_5().follow_upstream(false), &upstream, 3).await;
+    assert_eq!(sent, [0, 0, 0, 0]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_report_of_more_tokens_left_never_raises_the_bucket() {
+    // The upstream's burst is larger, or it refilled: 50 left. The bucket keeps its own count.
+    let upstream = Reporting::new(|_| ok_with("x-ratelimit-remaining", "50"));
+    let sent = sends(one_a_second_burst_5(), &upstream, 6).await;
+    assert_eq!(sent, [0, 0, 0, 0, 0, 1_000, 2_000]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_ietf_field_and_a_vendors_own_are_followed() {
+    let ietf = Reporting::new(|_| ok_with("ratelimit", "\"second\";r=3;t=1, \"hour\";r=1;t=900"));
+    assert_eq!(sends(one_a_second_burst_5(), &ietf, 2).await, [0, 0, 1_000]);
+    let vendor = Reporting::new(|_| ok_with("x-seller-quota-left", "0"));
+    let limiter = one_a_second_burst_5()
+        .remaining_header(http::HeaderName::from_static("x-seller-quota-left"));
+    assert_eq!(sends(limiter, &vendor, 2).await, [0, 1_000, 2_000]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_503_with_retry_after_backs_off_like_a_429_and_one_without_does_not() {
+    let told = Reporting::new(|n| match n {
+        0 => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            vec![("retry-after", "3".to_owned())],
+        ),
+        _ => (StatusCode::OK, Vec::new()),
+    });
+    // The next request waits out the 3 s, and the one after it a token period more.
+    assert_eq!(
+        sends(one_a_second_burst_5(), &told, 2).await,
+        [0, 3_000, 4_000]
+    );
+    let failing = Reporting::new(|n| match n {
+        0 => (StatusCode::SERVICE_UNAVAILABLE, Vec::new()),
+        _ => (StatusCode::OK, Vec::new()),
+    });
+    assert_eq!(sends(one_a_second_burst_5(), &failing, 2).await, [0, 0, 0]);
+}

@@ -1,0 +1,202 @@
+//! Reading how much of the budget the upstream says is left: `X-Ratelimit-Remaining` and the
+//! other integer fields APIs use, and the `r` of the IETF `RateLimit` field.
+
+use http::{HeaderMap, HeaderName};
+
+/// Which fields of the upstream's answers to read the budget left from.
+#[derive(Debug, Clone)]
+pub(super) struct Follow {
+    /// Off: the shared bucket follows nothing the upstream reports.
+    pub(super) on: bool,
+    /// Integer fields, the application's own first, then the common ones.
+    pub(super) names: Vec<HeaderName>,
+}
+
+impl Default for Follow {
+    fn default() -> Self {
+        Self {
+            on: true,
+            names: vec![
+                HeaderName::from_static("x-ratelimit-remaining"),
+                // drafts 00 to 06 of the IETF fields
+                HeaderName::from_static("ratelimit-remaining"),
+            ],
+        }
+    }
+}
+
+/// The IETF `RateLimit` field (draft 07 onwards): a list of `"policy";r=<remaining>;t=<secs>`.
+static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+
+impl Follow {
+    /// The fewest tokens any field of `headers` reports left, when one does. Fields that do
+    /// not parse are skipped (logged at debug level: a vendor's odd field on every answer must
+    /// not flood the logs); several policies, or several fields, report the tightest.
+    pub(super) fn remaining(&self, headers: &HeaderMap) -> Option<u32> {
+        if !self.on {
+            return None;
+        }
+        let mut least: Option<u64> = None;
+        let mut take = |n: u64| least = Some(least.map_or(n, |l| l.min(n)));
+        for name in &self.names {
+            for value in headers.get_all(name) {
+                match value.to_str().ok().and_then(integers) {
+                    Some(n) => take(n),
+                    None => tracing::debug!(header = %name, "ignoring an unusable remaining count"),
+                }
+            }
+        }
+        for value in headers.get_all(&RATELIMIT) {
+            match ietf_remaining(value.as_bytes()) {
+                Some(Some(n)) => take(n),
+                Some(None) => {}
+                None => tracing::debug!("ignoring a RateLimit field that does not parse"),
+            }
+        }
+        least.map(|n| u32::try_from(n).unwrap_or(u32::MAX))
+    }
+}
+
+/// The least of a comma-separated list of counts: whole, or with a fraction, rounded down (the
+/// safe direction). `None` when any part is not a count.
+fn integers(value: &str) -> Option<u64> {
+    value
+        .split(',')
+        .map(|part| count(part.trim()))
+        .try_fold(None, |least: Option<u64>, n| {
+            let n = n?;
+            Some(Some(least.map_or(n, |l| l.min(n))))
+        })
+        .flatten()
+}
+
+fn count(part: &str) -> Option<u64> {
+    let (whole, fraction) = part.split_once('.').unwrap_or((part, ""));
+    if whole.is_empty() || !whole.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    if !fraction.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    // More than fits is more than any bucket holds.
+    Some(whole.parse().unwrap_or(u64::MAX))
+}
+
+/// The least `r` of the items of a `RateLimit` field: `Some(None)` when it parses and no item
+/// has a usable `r`, `None` when it does not parse as a structured-field list.
+fn ietf_remaining(value: &[u8]) -> Option<Option<u64>> {
+    let list: sfv::List = sfv::Parser::new(value).parse().ok()?;
+    let least = list
+        .iter()
+        .filter_map(|entry| match entry {
+            sfv::ListEntry::Item(item) => item.params.get("r"),
+            sfv::ListEntry::InnerList(_) => None,
+        })
+        .filter_map(|r| match r {
+            sfv::BareItem::Integer(n) => u64::try_from(i64::from(*n)).ok(),
+            _ => None,
+        })
+        .min();
+    Some(least)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (name, value) in pairs {
+            h.append(*name, HeaderValue::from_static(value));
+        }
+        h
+    }
+
+    #[test]
+    fn the_common_fields_report_what_is_left() {
+        let f = Follow::default();
+        assert_eq!(
+            f.remaining(&headers(&[("x-ratelimit-remaining", "7")])),
+            Some(7)
+        );
+        assert_eq!(
+            f.remaining(&headers(&[("ratelimit-remaining", " 3 ")])),
+            Some(3)
+        );
+        assert_eq!(
+            f.remaining(&headers(&[("x-ratelimit-remaining", "4.9")])),
+            Some(4)
+        );
+        assert_eq!(
+            f.remaining(&headers(&[("ratelimit", "\"default\";r=5;t=1")])),
+            Some(5)
+        );
+        assert_eq!(f.remaining(&headers(&[])), None);
+    }
+
+    #[test]
+    fn the_tightest_report_wins() {
+        let f = Follow::default();
+        let both = headers(&[
+            ("x-ratelimit-remaining", "9"),
+            ("ratelimit", "\"second\";r=6;t=1, \"hour\";r=2;t=900"),
+        ]);
+        assert_eq!(f.remaining(&both), Some(2));
+        let repeated = headers(&[
+            ("x-ratelimit-remaining", "5"),
+            ("x-ratelimit-remaining", "3"),
+        ]);
+        assert_eq!(f.remaining(&repeated), Some(3));
+        assert_eq!(
+            f.remaining(&headers(&[("x-ratelimit-remaining", "8, 1")])),
+            Some(1)
+        );
+    }
+
+    #[test]
+    fn what_does_not_parse_is_ignored() {
+        let f = Follow::default();
+        for bad in ["-1", "", "soon", "1e3", "0x10", "+3", "3 4"] {
+            let h = headers(&[("x-ratelimit-remaining", bad)]);
+            assert_eq!(f.remaining(&h), None, "{bad:?}");
+        }
+        for bad in [
+            "r=5",
+            "\"a\";r=-1",
+            "\"a\";r=2.5",
+            "\"a\";r=\"5\"",
+            "\"a\";t=3",
+            "(\"a\");r=1",
+        ] {
+            let h = headers(&[("ratelimit", bad)]);
+            assert_eq!(f.remaining(&h), None, "{bad:?}");
+        }
+        // A good field beside a bad one still counts.
+        let mixed = headers(&[
+            ("x-ratelimit-remaining", "soon"),
+            ("ratelimit", "\"a\";r=4"),
+        ]);
+        assert_eq!(f.remaining(&mixed), Some(4));
+        // A count beyond any bucket is the most a u32 holds.
+        let huge = headers(&[("x-ratelimit-remaining", "99999999999999999999999")]);
+        assert_eq!(f.remaining(&huge), Some(u32::MAX));
+    }
+
+    #[test]
+    fn a_vendors_field_is_read_and_following_can_be_off() {
+        let mut f = Follow::default();
+        f.names
+            .insert(0, HeaderName::from_static("x-seller-quota-left"));
+        assert_eq!(
+            f.remaining(&headers(&[("x-seller-quota-left", "2")])),
+            Some(2)
+        );
+        f.on = false;
+        assert_eq!(f.remaining(&headers(&[("x-seller-quota-left", "2")])), None);
+        assert_eq!(
+            f.remaining(&headers(&[("x-ratelimit-remaining", "2")])),
+            None
+        );
+    }
+}
