@@ -80,6 +80,17 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
         }
         // The upstream's count, when it gives one, already holds whatever an error cost it.
         if let Some(left) = self.config.follow.remaining(res.headers()) {
+            // Nothing left: no token until the upstream's next refill, as after a 429 that
+            // gives no time, so the same drain, for one token period from now. A count cannot
+            // go below zero, so this is also how a reservation queued at the edge learns that
+            // someone else took the token it was counting on: its slot falls within the
+            // period, and it queues again. A drain, not a lowering, for that halt.
+            if left == 0 {
+                return Some(Feedback::Drain {
+                    until: self.clock.now(),
+                    retry: Duration::ZERO,
+                });
+            }
             return (left < limit.burst()).then_some(Feedback::Lower { tokens: left });
         }
         if status.is_client_error() && self.config.error_cost > 1 {
@@ -93,7 +104,8 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
 
 /// A change the upstream's answer asks of the shared bucket.
 pub(super) enum Feedback {
-    /// A 429, or a 503 with a time: every worker backs off until `until`.
+    /// A 429, a 503 with a time, or a report of nothing left: every worker backs off until
+    /// `until`.
     Drain { until: SystemTime, retry: Duration },
     /// The upstream has `tokens` left, fewer than the bucket can hold.
     Lower { tokens: u32 },

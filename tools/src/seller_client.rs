@@ -18,7 +18,8 @@
 //! Options: `--url` (required), `--token` (required, sent as the `Authorization` header),
 //! `--seconds 10`, `--tasks 16`, `--interval-ms 500` and `--burst 10` (the server's limit: one
 //! token per interval), `--margin-ms 10`, `--prefix burstgate-e2e` (the Redis key prefix; give
-//! every process of one run the same one). `REDIS_URL` names the Redis.
+//! every process of one run the same one), `--no-follow` (ignore the tokens the server reports
+//! left). `REDIS_URL` names the Redis.
 //!
 //! Its last line is `sent: N, ok: A, upstream 429: M`: requests that left this process, and the
 //! server's `200` and `429` answers. Before it, `stopped_ms: T` is the wall-clock time (ms since
@@ -69,6 +70,10 @@ struct Args {
     /// The Redis key prefix; the same for every process of one run.
     #[arg(long, default_value = "burstgate-e2e")]
     prefix: String,
+    /// Leave the shared bucket alone whatever the server reports it has left (the middleware's
+    /// `follow_upstream(false)`).
+    #[arg(long)]
+    no_follow: bool,
 }
 
 fn positive_seconds(value: &str) -> Result<f64, String> {
@@ -106,6 +111,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let limiter = RateLimitMiddleware::new(store)
         .routes(seller::routes("personal", std::slice::from_ref(&group))?)
         .account_header(AUTHORIZATION)
+        .follow_upstream(!args.no_follow)
         // Longer than the run: every task queues for its turn instead of failing.
         .max_wait(Duration::from_secs_f64(args.seconds) + Duration::from_secs(60));
     let counts = Arc::new(Counts::default());
