@@ -782,18 +782,19 @@ fn a_429s_back_off_survives_the_caller_going_away() {
     });
 }
 
+/// A canned answer: a status and headers.
+type Answer = (StatusCode, Vec<(&'static str, String)>);
+
 /// An upstream that answers the `n`th request (from 0) with the status and headers `answer`
 /// gives, and logs when each request arrived; no network.
 #[derive(Clone)]
 struct Reporting {
-    answer: Arc<dyn Fn(usize) -> (StatusCode, Vec<(&'static str, String)>) + Send + Sync>,
+    answer: Arc<dyn Fn(usize) -> Answer + Send + Sync>,
     arrivals: Arc<std::sync::Mutex<Vec<tokio::time::Instant>>>,
 }
 
 impl Reporting {
-    fn new(
-        answer: impl Fn(usize) -> (StatusCode, Vec<(&'static str, String)>) + Send + Sync + 'static,
-    ) -> Self {
+    fn new(answer: impl Fn(usize) -> Answer + Send + Sync + 'static) -> Self {
         Self {
             answer: Arc::new(answer),
             arrivals: Arc::default(),
@@ -884,7 +885,7 @@ fn one_a_second_burst_5() -> RateLimitMiddleware<MemoryStore<crate::TokioClock>,
         .max_wait(Duration::from_secs(60))
 }
 
-fn ok_with(name: &'static str, value: &str) -> (StatusCode, Vec<(&'static str, String)>) {
+fn ok_with(name: &'static str, value: &str) -> Answer {
     (StatusCode::OK, vec![(name, value.to_owned())])
 }
 
