@@ -19,8 +19,16 @@
 //! requests the mock admitted over the most it could have admitted: for each account and endpoint,
 //! `burst + rate × elapsed`, from that bucket's first request to the end of the run.
 //!
+//! The mock reports `X-Ratelimit-Remaining` on every answer, as the real API does, and the
+//! middleware follows it down. With `FOREIGN` set to a fraction (`FOREIGN=0.3`), a consumer inside
+//! the mock also spends every bucket at that fraction of its rate, as the seller's own tools
+//! would with the same token; the budget used is then of what it left. `FOLLOW=0` makes the
+//! middleware ignore the reports, to see the difference.
+//!
 //! ```sh
 //! cargo run --features seller --example seller_api
+//! # Another integration spends 30% of every limit:
+//! FOREIGN=0.3 cargo run --features seller --example seller_api
 //! # The same on a shared bucket in Redis, through a reconnecting ConnectionManager:
 //! REDIS_URL=redis://127.0.0.1:6380/ cargo run --features seller --example seller_api
 //! ```
@@ -102,11 +110,24 @@ fn scaled(limit: Limit) -> Result<Limit, Box<dyn Error>> {
     Ok(Limit::new(limit.tokens(), limit.interval() / SCALE)?.with_burst(limit.burst())?)
 }
 
+/// A fraction from the environment variable `name`, 0 when unset.
+fn fraction(name: &str) -> Result<f64, Box<dyn Error>> {
+    match std::env::var(name) {
+        Ok(v) if !v.is_empty() => match v.parse::<f64>() {
+            Ok(f) if (0.0..1.0).contains(&f) => Ok(f),
+            _ => Err(format!("{name} must be a fraction from 0 to below 1, got {v:?}").into()),
+        },
+        _ => Ok(0.0),
+    }
+}
+
 async fn run<St: BucketStore + Clone>(
     store: St,
     label: &str,
     groups: Vec<Group>,
 ) -> Result<(), Box<dyn Error>> {
+    let foreign = fraction("FOREIGN")?;
+    let follow = std::env::var("FOLLOW").map_or(true, |v| v != "0");
     let mock = Arc::new(Mock::new(&groups)?);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);
@@ -143,6 +164,14 @@ async fn run<St: BucketStore + Clone>(
         groups.len(),
         ACCOUNTS.len() * groups.len() * WORKERS_PER_BUCKET
     );
+    if foreign > 0.0 {
+        println!(
+            "Another consumer spends {:.0}% of every limit of the mock's; the middleware {} the \
+             X-Ratelimit-Remaining the mock reports.",
+            foreign * 100.0,
+            if follow { "follows" } else { "ignores" }
+        );
+    }
     println!();
 
     let routes = seller::routes(TOKEN_TYPE, &client_groups)?;
@@ -152,6 +181,7 @@ async fn run<St: BucketStore + Clone>(
     let limiter = RateLimitMiddleware::new(store)
         .routes(routes)
         .account_header(AUTHORIZATION)
+        .follow_upstream(follow)
         // Wait as long as it takes: every worker queues for its turn instead of failing.
         .max_wait(RUN * 2);
     let client = ClientBuilder::new(reqwest::Client::new())
@@ -160,6 +190,14 @@ async fn run<St: BucketStore + Clone>(
         .build();
 
     let mut workers = Vec::new();
+    if foreign > 0.0 {
+        for account in ACCOUNTS {
+            for endpoint in 0..mock.endpoints.len() {
+                let mock = Arc::clone(&mock);
+                tokio::spawn(async move { mock.spend(account, endpoint, foreign, deadline).await });
+            }
+        }
+    }
     for account in ACCOUNTS {
         for group in &groups {
             for _ in 0..WORKERS_PER_BUCKET {
@@ -188,10 +226,22 @@ async fn run<St: BucketStore + Clone>(
         "local 429 (the middleware refused to wait): {}; other errors: {failures}",
         timeline.local_429()
     );
+    if foreign > 0.0 {
+        println!(
+            "the other consumer took {} tokens, and was refused {} times",
+            totals.foreign_admitted, totals.foreign_rejected
+        );
+    }
     println!(
         "the mock admitted {} of at most {:.1} requests (burst + rate x elapsed, per account and \
-         endpoint)",
-        totals.admitted, totals.possible
+         endpoint{})",
+        totals.admitted,
+        totals.possible,
+        if foreign > 0.0 {
+            ", less what the other consumer took"
+        } else {
+            ""
+        }
     );
     println!(
         "requests: {}, upstream 429: {}, budget used: {:.1}%",
@@ -372,6 +422,9 @@ struct MockBucket {
     first: Instant,
     admitted: u64,
     rejected: u64,
+    /// The other consumer's takes.
+    foreign_admitted: u64,
+    foreign_rejected: u64,
 }
 
 struct Mock {
@@ -384,7 +437,10 @@ struct Totals {
     received: u64,
     admitted: u64,
     rejected: u64,
-    /// The most it could have admitted: per bucket, `burst + rate × elapsed`.
+    foreign_admitted: u64,
+    foreign_rejected: u64,
+    /// The most it could have admitted: per bucket, `burst + rate × elapsed`, less what the
+    /// other consumer took.
     possible: f64,
 }
 
@@ -427,8 +483,9 @@ impl Mock {
         })
     }
 
-    /// Takes a token, or says how long until one is there.
-    fn take(&self, account: &str, endpoint: usize) -> Result<(), Duration> {
+    /// Takes a token, and says how many whole tokens are left, or how long until one is there.
+    /// `foreign` takes are the other consumer's, counted apart.
+    fn take(&self, account: &str, endpoint: usize, foreign: bool) -> Result<u64, Duration> {
         let now = Instant::now();
         let e = &self.endpoints[endpoint];
         let mut buckets = self.buckets.lock().unwrap_or_else(PoisonError::into_inner);
@@ -440,17 +497,37 @@ impl Mock {
                 first: now,
                 admitted: 0,
                 rejected: 0,
+                foreign_admitted: 0,
+                foreign_rejected: 0,
             });
         let elapsed = now.saturating_duration_since(b.at).as_secs_f64();
         b.tokens = (b.tokens + elapsed * e.rate).min(e.burst);
         b.at = now;
+        let (admitted, rejected) = if foreign {
+            (&mut b.foreign_admitted, &mut b.foreign_rejected)
+        } else {
+            (&mut b.admitted, &mut b.rejected)
+        };
         if b.tokens >= 1.0 {
             b.tokens -= 1.0;
-            b.admitted += 1;
-            Ok(())
+            *admitted += 1;
+            Ok(b.tokens as u64)
         } else {
-            b.rejected += 1;
+            *rejected += 1;
             Err(Duration::from_secs_f64((1.0 - b.tokens) / e.rate))
+        }
+    }
+
+    /// The other consumer: takes from one bucket at `fraction` of its rate, evenly, until
+    /// `deadline`.
+    async fn spend(&self, account: &str, endpoint: usize, fraction: f64, deadline: Instant) {
+        let period = Duration::from_secs_f64(1.0 / (self.endpoints[endpoint].rate * fraction));
+        let mut next = Instant::now();
+        while next < deadline {
+            // Refused or not, it comes back at its own pace, as a cron job would.
+            let _ = self.take(account, endpoint, true);
+            next += period;
+            tokio::time::sleep_until(next).await;
         }
     }
 
@@ -460,6 +537,8 @@ impl Mock {
             received: 0,
             admitted: 0,
             rejected: 0,
+            foreign_admitted: 0,
+            foreign_rejected: 0,
             possible: 0.0,
         };
         for ((_, endpoint), b) in buckets.iter() {
@@ -468,7 +547,9 @@ impl Mock {
             t.received += b.admitted + b.rejected;
             t.admitted += b.admitted;
             t.rejected += b.rejected;
-            t.possible += e.burst + e.rate * elapsed;
+            t.foreign_admitted += b.foreign_admitted;
+            t.foreign_rejected += b.foreign_rejected;
+            t.possible += e.burst + e.rate * elapsed - b.foreign_admitted as f64;
         }
         t
     }
@@ -498,14 +579,23 @@ async fn serve(
     else {
         return StatusCode::UNAUTHORIZED.into_response();
     };
-    match mock.take(account, endpoint) {
-        Ok(()) => (StatusCode::OK, mock.endpoints[endpoint].name.clone()).into_response(),
+    match mock.take(account, endpoint, false) {
+        Ok(left) => (
+            StatusCode::OK,
+            [("x-ratelimit-remaining", left.to_string())],
+            mock.endpoints[endpoint].name.clone(),
+        )
+            .into_response(),
         Err(wait) => {
             // Whole seconds, rounded up, as the real API sends them.
             let secs = wait.as_secs_f64().ceil().max(1.0).to_string();
             (
                 StatusCode::TOO_MANY_REQUESTS,
-                [("x-ratelimit-retry", secs.clone()), ("retry-after", secs)],
+                [
+                    ("x-ratelimit-remaining", "0".to_owned()),
+                    ("x-ratelimit-retry", secs.clone()),
+                    ("retry-after", secs),
+                ],
                 "too many requests",
             )
                 .into_response()

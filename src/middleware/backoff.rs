@@ -44,6 +44,7 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
         key: &BucketKey,
         limit: Limit,
         res: &Response,
+        expected: u32,
     ) -> Option<Feedback> {
         let status = res.status();
         let told = match status {
@@ -80,12 +81,19 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
         }
         // The upstream's count, when it gives one, already holds whatever an error cost it.
         if let Some(left) = self.config.follow.remaining(res.headers()) {
-            // Nothing left: no token until the upstream's next refill, as after a 429 that
-            // gives no time, so the same drain, for one token period from now. A count cannot
-            // go below zero, so this is also how a reservation queued at the edge learns that
-            // someone else took the token it was counting on: its slot falls within the
-            // period, and it queues again. A drain, not a lowering, for that halt.
-            if left == 0 {
+            // Nothing left when the bucket is spent too (`expected`, what it held after this
+            // request, is 0), from an upstream that has shown a margin over the bucket: someone
+            // else took the margin. A count cannot go below zero, and the bucket, in debt while
+            // requests queue, holds less than any report, so lowering would change nothing, and
+            // the other consumer's next spend would earn a 429. So the same drain as after a
+            // 429 that gives no time, for one token period from now: the reservation whose slot
+            // falls within it queues again, and the margin is back. Where the upstream has shown
+            // no margin, nothing left is the usual state of a bucket spent at its pace, and says
+            // nothing.
+            let margin = self
+                .seen
+                .margin(key.bucket(), limit.burst(), left, expected);
+            if left == 0 && expected == 0 && margin {
                 return Some(Feedback::Drain {
                     until: self.clock.now(),
                     retry: Duration::ZERO,

@@ -25,6 +25,33 @@ impl Default for Follow {
     }
 }
 
+/// The routes whose upstream has shown a margin over the bucket, in this process: it reported
+/// tokens left to a request that went when the bucket was spent (at a reserved slot), or at
+/// least as many as the bucket can hold. Such an upstream holds more than the bucket (a larger
+/// burst, or a faster rate), and a report of nothing left when the bucket is spent then says
+/// that someone else took the margin. Counts reported to requests that went while the bucket
+/// held tokens prove nothing less: requests sent together reach the upstream in any order.
+#[derive(Debug, Default)]
+pub(super) struct Seen {
+    margin: std::sync::Mutex<std::collections::HashSet<String>>,
+}
+
+impl Seen {
+    /// Records that route `bucket` (of burst `burst`) had its upstream report `left` to a
+    /// request after which the bucket held `expected`, and says whether that upstream has shown
+    /// a margin.
+    pub(super) fn margin(&self, bucket: &str, burst: u32, left: u32, expected: u32) -> bool {
+        let mut margin = self
+            .margin
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if ((expected == 0 && left > 0) || left >= burst) && !margin.contains(bucket) {
+            margin.insert(bucket.to_owned());
+        }
+        margin.contains(bucket)
+    }
+}
+
 /// The IETF `RateLimit` field (draft 07 onwards): a list of `"policy";r=<remaining>;t=<secs>`.
 static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
@@ -181,6 +208,21 @@ mod tests {
         // A count beyond any bucket is the most a u32 holds.
         let huge = headers(&[("x-ratelimit-remaining", "99999999999999999999999")]);
         assert_eq!(f.remaining(&huge), Some(u32::MAX));
+    }
+
+    #[test]
+    fn a_margin_shows_only_where_order_cannot_fake_it() {
+        let seen = Seen::default();
+        // Requests sent together while the bucket holds tokens reach the upstream in any
+        // order: one that left 3 may hear 4.
+        assert!(!seen.margin("orders", 10, 4, 3));
+        assert!(!seen.margin("orders", 10, 0, 0));
+        // As many as the bucket can hold, or any at all when the bucket is spent: a margin.
+        assert!(seen.margin("orders", 10, 10, 9));
+        assert!(seen.margin("sales", 1, 1, 0));
+        // Kept, per route.
+        assert!(seen.margin("orders", 10, 0, 0));
+        assert!(!seen.margin("funnel", 3, 0, 0));
     }
 
     #[test]

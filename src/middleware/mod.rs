@@ -36,6 +36,8 @@ pub struct RateLimitMiddleware<St, K = SystemClock> {
     store: St,
     clock: K,
     config: Arc<Config>,
+    /// What the upstream has reported, shared by clones.
+    seen: Arc<follow::Seen>,
 }
 
 #[derive(Debug, Clone)]
@@ -56,6 +58,7 @@ impl<St: BucketStore + Clone> RateLimitMiddleware<St, SystemClock> {
         Self {
             store,
             clock: SystemClock,
+            seen: Arc::default(),
             config: Arc::new(Config {
                 routes: Vec::new(),
                 default: None,
@@ -174,6 +177,7 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
             store: self.store,
             clock,
             config: self.config,
+            seen: self.seen,
         }
     }
 
@@ -230,6 +234,10 @@ where
             .unwrap_or_else(|| limit.default_max_wait(1));
         let started = tokio::time::Instant::now();
         let mut ceiling = max_wait;
+        // The whole tokens the bucket held once this request took its own: what the upstream
+        // should report left if nobody else spends it, and 0 for one that went at a reserved
+        // slot, when the bucket was spent to its pace.
+        let mut expected = 0;
         loop {
             let decision = self
                 .reserve(&key, limit, ceiling)
@@ -251,6 +259,7 @@ where
                 .reservation()
                 .filter(|_| !decision.wait().is_zero())
             else {
+                expected = decision.remaining();
                 break;
             };
             let mut guard = RefundGuard::new(self.store.clone());
@@ -277,7 +286,7 @@ where
             );
         }
         let res = next.run(req, extensions).await?;
-        if let Some(feedback) = self.feedback(&key, limit, &res) {
+        if let Some(feedback) = self.feedback(&key, limit, &res, expected) {
             feedback.apply(&self.store, &key, limit).await;
         }
         Ok(res)
@@ -290,6 +299,7 @@ impl<St: Clone, K: Clone> Clone for RateLimitMiddleware<St, K> {
             store: self.store.clone(),
             clock: self.clock.clone(),
             config: Arc::clone(&self.config),
+            seen: Arc::clone(&self.seen),
         }
     }
 }

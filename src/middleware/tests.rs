@@ -335,7 +335,7 @@ fn an_unbounded_max_backoff_and_a_huge_header_drain_without_overflow() {
         .expect("a runtime");
     let quota = runtime
         .block_on(async {
-            if let Some(feedback) = middleware.feedback(&key, limit, &answer) {
+            if let Some(feedback) = middleware.feedback(&key, limit, &answer, 0) {
                 feedback.apply(&store, &key, limit).await;
             }
             store.peek(&key, limit).await
@@ -498,7 +498,7 @@ proptest! {
             .build()
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
         let quota = runtime.block_on(async {
-            if let Some(feedback) = middleware.feedback(&key, limit, &answer) {
+            if let Some(feedback) = middleware.feedback(&key, limit, &answer, 0) {
                 feedback.apply(&store, &key, limit).await;
             }
             store.peek(&key, limit).await
@@ -791,6 +791,8 @@ type Answer = (StatusCode, Vec<(&'static str, String)>);
 struct Reporting {
     answer: Arc<dyn Fn(usize) -> Answer + Send + Sync>,
     arrivals: Arc<std::sync::Mutex<Vec<tokio::time::Instant>>>,
+    /// How long each answer takes to come back.
+    delay: Duration,
 }
 
 impl Reporting {
@@ -798,7 +800,12 @@ impl Reporting {
         Self {
             answer: Arc::new(answer),
             arrivals: Arc::default(),
+            delay: Duration::ZERO,
         }
+    }
+
+    fn delayed(self, delay: Duration) -> Self {
+        Self { delay, ..self }
     }
 
     fn sent_ms(&self, start: tokio::time::Instant) -> Vec<u64> {
@@ -828,6 +835,7 @@ impl reqwest_middleware::Middleware for Reporting {
             arrivals.len() - 1
         };
         let (status, headers) = (self.answer)(n);
+        tokio::time::sleep(self.delay).await;
         let mut answer = http::Response::new(Vec::<u8>::new());
         *answer.status_mut() = status;
         for (name, value) in headers {
@@ -943,4 +951,48 @@ async fn a_503_with_retry_after_backs_off_like_a_429_and_one_without_does_not() 
         _ => (StatusCode::OK, Vec::new()),
     });
     assert_eq!(sends(one_a_second_burst_5(), &failing, 2).await, [0, 0, 0]);
+}
+
+/// "1 a second, burst 2", against an upstream that answers after 100 ms and reports `first`
+/// left to the first request, nothing left to the second, and `later` to every other. One
+/// request goes first, then three at once when its answer is in: when each reached the
+/// upstream, in order.
+async fn after_nothing_left(first: &'static str, later: &'static str) -> Vec<u64> {
+    let clock = crate::TokioClock::new();
+    let limit = Limit::per_second(1)
+        .and_then(|l| l.with_burst(2))
+        .expect("a valid limit");
+    let limiter = RateLimitMiddleware::new(MemoryStore::with_clock(clock))
+        .with_clock(clock)
+        .route(Route::new("api", limit, "/orders").expect("a route"))
+        .max_wait(Duration::from_secs(60));
+    let upstream = Reporting::new(move |n| {
+        let left = match n {
+            0 => first,
+            1 => "0",
+            _ => later,
+        };
+        ok_with("x-ratelimit-remaining", left)
+    })
+    .delayed(Duration::from_millis(100));
+    let mut sent = sends(limiter, &upstream, 3).await;
+    sent.sort_unstable();
+    sent
+}
+
+#[tokio::test(start_paused = true)]
+async fn nothing_left_from_an_upstream_with_a_margin_moves_the_next_slot_back() {
+    // The first answer reports 2 left, as many as the bucket can hold: the upstream holds more
+    // than the bucket. The second request, at 100 ms, spends the bucket, and hears at 200 ms
+    // that nothing is left: someone else took the margin, and the request queued for 1 s would
+    // earn a 429. It queues again, behind the one queued for 2 s.
+    assert_eq!(after_nothing_left("2", "1").await, [0, 100, 2_000, 3_000]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn nothing_left_from_an_upstream_without_a_margin_is_its_usual_state() {
+    // The first answer reports what the bucket holds too (lowering it to that whole token):
+    // nothing left after spending the bucket is then what spending it at its pace looks like,
+    // and the queue stands.
+    assert_eq!(after_nothing_left("1", "0").await, [0, 100, 1_100, 2_100]);
 }
