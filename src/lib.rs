@@ -202,6 +202,7 @@
 //! | `metrics` | no      | Counters, a histogram and gauges through the `metrics` facade, listed in [`metrics`](mod@metrics). |
 //! | `reqwest` | no      | The reqwest-middleware `RateLimitMiddleware` in [`middleware`], for clients of rate-limited APIs. |
 //! | `seller`  | no      | The [`seller`] module: one seller API's published limits as ready routes for the middleware; implies `reqwest`. |
+//! | `retry`   | no      | [`middleware::RetryStrategy`]: how reqwest-retry retries the middleware's errors (the local 429, store failures); implies `reqwest`. |
 //! | `quanta`  | no      | [`QuantaClock`], a cheaper clock for [`MemoryStore`], on the quanta crate's CPU counter. |
 //! | `tls`     | no      | `rediss://` URLs for [`RedisStore`], through redis-rs's own rustls support with the ring crypto provider; implies `redis`. |
 //!

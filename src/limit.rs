@@ -166,6 +166,45 @@ impl Limit {
         Self { burst, ..self }.checked()
     }
 
+    /// The same limit run slightly under its rate: every token's period lengthened by
+    /// `per_token`, the burst kept. "1 per minute" with a margin of 10 ms is "1 per 60.01 s".
+    ///
+    /// For a client spending an API's published limit: the API's own bucket starts counting
+    /// at the first request it *receives* and gives no tolerance, so a client at exactly the
+    /// published rate is now and then a millisecond early (the first request took longer to
+    /// arrive than the later ones, a timer fired late and the next one on time) and earns a
+    /// real 429. A margin of a few milliseconds per token absorbs that jitter, at a cost of
+    /// `per_token` over the token period of the budget: against "1 per minute", 10 ms is
+    /// 0.017%. A margin of zero is the limit itself.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use burstgate::Limit;
+    ///
+    /// let orders = Limit::per_minute(1)?.with_burst(10)?;
+    /// let spent = orders.with_margin(Duration::from_millis(10))?;
+    /// assert_eq!(spent.to_string(), "1/60010ms burst 10");
+    /// # Ok::<(), burstgate::InvalidLimit>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`Limit::new`]: [`InvalidLimit::TooSlow`] when the lengthened interval overflows or
+    /// is too long, [`InvalidLimit::SubMillisecondInterval`] when it is not a whole number of
+    /// milliseconds (a margin of 1.5 ms on one token a second).
+    pub const fn with_margin(self, per_token: Duration) -> Result<Self, InvalidLimit> {
+        let Some(extra) = per_token.checked_mul(self.tokens) else {
+            return Err(InvalidLimit::TooSlow);
+        };
+        let Some(interval) = self.interval().checked_add(extra) else {
+            return Err(InvalidLimit::TooSlow);
+        };
+        match Self::new(self.tokens, interval) {
+            Ok(l) => l.with_burst(self.burst),
+            Err(e) => Err(e),
+        }
+    }
+
     const fn checked(self) -> Result<Self, InvalidLimit> {
         let refill_ms = self.burst as u128 * self.interval_ms as u128 / self.tokens as u128;
         if refill_ms > MAX_SPAN_MS {
@@ -356,6 +395,39 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+
+    #[test]
+    fn a_margin_lengthens_each_token_period_and_keeps_the_burst() {
+        let ms = Duration::from_millis;
+        let orders = Limit::per_minute(1).and_then(|l| l.with_burst(10)).unwrap();
+        let spent = orders.with_margin(ms(10)).unwrap();
+        assert_eq!(
+            (spent.tokens(), spent.interval(), spent.burst()),
+            (1, ms(60_010), 10)
+        );
+        // Per token: three tokens a second, 1 ms each, is three a 1.003 s.
+        let three = Limit::per_second(3).unwrap().with_margin(ms(1)).unwrap();
+        assert_eq!(three.interval(), ms(1_003));
+        assert_eq!(orders.with_margin(Duration::ZERO), Ok(orders));
+        assert_eq!(
+            Limit::per_second(1)
+                .unwrap()
+                .with_margin(Duration::from_micros(1500)),
+            Err(InvalidLimit::SubMillisecondInterval {
+                interval: Duration::from_micros(1_001_500)
+            })
+        );
+        assert_eq!(
+            orders.with_margin(Duration::MAX),
+            Err(InvalidLimit::TooSlow)
+        );
+        assert_eq!(
+            Limit::per_second(u32::MAX)
+                .unwrap()
+                .with_margin(Duration::from_secs(u64::MAX / 2)),
+            Err(InvalidLimit::TooSlow)
+        );
+    }
 
     #[test]
     fn constructors_agree() {

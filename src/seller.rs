@@ -169,23 +169,16 @@ impl Group {
         }
     }
 
-    /// The same group with every token's period lengthened by `per_token`: "1 per minute" with a
-    /// margin of 10 ms is "1 per 60.01 s"; the burst is kept.
+    /// The same group with every token's period lengthened by `per_token`
+    /// ([`Limit::with_margin`], which says why): "1 per minute" with a margin of 10 ms is "1 per
+    /// 60.01 s"; the burst is kept. For a group without burst the API's bucket loses any
+    /// lateness to its cap of one token, so its first request's delay is never made up.
     ///
-    /// The API's own token bucket starts counting at the first request it *receives*, and for a
-    /// group without burst it loses any lateness to its cap of one token. A client that spends
-    /// exactly the published rate is therefore sometimes a millisecond early (the first request
-    /// took longer to arrive than the later ones, or a timer fired a little late and the next one
-    /// on time), and earns a real 429. A margin of a few milliseconds per token absorbs that
-    /// jitter; against "1 per minute", 10 ms costs 0.017% of the budget. Fails as [`Limit::new`]
-    /// does, for instance when the new interval is not a whole number of milliseconds.
+    /// # Errors
+    ///
+    /// As [`Limit::with_margin`].
     pub fn margin(self, per_token: Duration) -> Result<Self, InvalidLimit> {
-        let limit = self.template.limit();
-        let interval = per_token
-            .checked_mul(limit.tokens())
-            .and_then(|extra| limit.interval().checked_add(extra))
-            .ok_or(InvalidLimit::TooSlow)?;
-        let limit = Limit::new(limit.tokens(), interval)?.with_burst(limit.burst())?;
+        let limit = self.template.limit().with_margin(per_token)?;
         Ok(self.limit(limit))
     }
 

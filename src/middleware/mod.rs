@@ -6,9 +6,14 @@ mod account;
 mod backoff;
 mod follow;
 mod path;
+#[cfg(feature = "retry")]
+mod retry;
 mod route;
 
 pub use self::account::Account;
+#[cfg(feature = "retry")]
+#[cfg_attr(docsrs, doc(cfg(feature = "retry")))]
+pub use self::retry::{Local429, RetryStrategy};
 pub use self::route::Route;
 
 use std::fmt;
@@ -23,6 +28,37 @@ use reqwest_middleware::{Middleware, Next};
 use crate::cancel::{RefundGuard, acquire_detached};
 use crate::clock::{Clock, SystemClock};
 use crate::{BucketKey, BucketStore, Decision, KeySecret, Limit, RateLimited, StoreError};
+
+/// The local 429 in an error the client returned: the [`RateLimited`] this middleware returns
+/// instead of sending a request its budget does not allow, if that is what `err` is.
+///
+/// ```
+/// # async fn send(client: reqwest_middleware::ClientWithMiddleware) {
+/// match client.get("https://api.example/orders").send().await {
+///     Ok(res) => println!("{}", res.status()),
+///     Err(e) => match burstgate::middleware::rate_limited(&e) {
+///         Some(limited) => println!("not sent; try again in {:?}", limited.retry_after()),
+///         None => println!("failed: {e}"),
+///     },
+/// }
+/// # }
+/// ```
+///
+/// With the `retry` feature it also looks inside the `RetryError` that reqwest-retry wraps the
+/// last attempt's error in.
+pub fn rate_limited(err: &reqwest_middleware::Error) -> Option<&RateLimited> {
+    let reqwest_middleware::Error::Middleware(e) = err else {
+        return None;
+    };
+    #[cfg(feature = "retry")]
+    if let Some(retried) = e.downcast_ref::<reqwest_retry::RetryError>() {
+        return match retried {
+            reqwest_retry::RetryError::WithRetries { err, .. }
+            | reqwest_retry::RetryError::Error(err) => rate_limited(err),
+        };
+    }
+    e.downcast_ref::<RateLimited>()
+}
 
 /// The longest an upstream 429 may make every worker back off, unless set otherwise.
 const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(600);

@@ -96,6 +96,17 @@ impl Route {
         })
     }
 
+    /// The same route run slightly under its limit's rate: every token's period lengthened by
+    /// `per_token` ([`Limit::with_margin`]), for an API whose own bucket gives no tolerance.
+    ///
+    /// # Errors
+    ///
+    /// As [`Limit::with_margin`].
+    pub fn margin(self, per_token: std::time::Duration) -> Result<Self, crate::InvalidLimit> {
+        let limit = self.limit.with_margin(per_token)?;
+        Ok(Self { limit, ..self })
+    }
+
     /// Matches only requests with this method.
     #[must_use]
     pub fn method(self, method: Method) -> Self {

@@ -996,3 +996,59 @@ async fn nothing_left_from_an_upstream_without_a_margin_is_its_usual_state() {
     // and the queue stands.
     assert_eq!(after_nothing_left("1", "0").await, [0, 100, 1_100, 2_100]);
 }
+
+/// Two requests through reqwest-retry and the limiter ("1 a second, burst 1", never waiting):
+/// the second meets the local 429. Returns the second's result and when each request reached
+/// the upstream, in ms.
+#[cfg(feature = "retry")]
+async fn retried(strategy: RetryStrategy) -> (reqwest_middleware::Result<StatusCode>, Vec<u64>) {
+    use reqwest_retry::RetryTransientMiddleware;
+    use reqwest_retry::policies::ExponentialBackoff;
+
+    let clock = crate::TokioClock::new();
+    let limiter = RateLimitMiddleware::new(MemoryStore::with_clock(clock))
+        .with_clock(clock)
+        .route(
+            Route::new("api", Limit::per_second(1).expect("a limit"), "/orders").expect("a route"),
+        )
+        .max_wait(Duration::ZERO);
+    let policy = ExponentialBackoff::builder()
+        .retry_bounds(Duration::from_millis(1_500), Duration::from_millis(1_500))
+        .jitter(reqwest_retry::Jitter::None)
+        .build_with_max_retries(2);
+    let upstream = Reporting::new(|_| (StatusCode::OK, Vec::new()));
+    let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+        .with(RetryTransientMiddleware::new_with_policy_and_strategy(
+            policy, strategy,
+        ))
+        .with(limiter)
+        .with(upstream.clone())
+        .build();
+    let start = tokio::time::Instant::now();
+    let send = || client.get("http://upstream.test/orders").send();
+    assert_eq!(send().await.map(|r| r.status()).ok(), Some(StatusCode::OK));
+    let second = send().await.map(|r| r.status());
+    (second, upstream.sent_ms(start))
+}
+
+#[cfg(feature = "retry")]
+#[tokio::test(start_paused = true)]
+async fn reqwest_retry_retries_the_local_429_through_the_limiter() {
+    let (second, sent) = retried(RetryStrategy::new()).await;
+    assert_eq!(second.ok(), Some(StatusCode::OK));
+    // Refused locally at 0, retried after the policy's 1.5 s (reqwest-retry counts it on the
+    // system clock, so a few real milliseconds less on paused time), when the bucket has its
+    // token again.
+    assert_eq!(sent.len(), 2, "{sent:?}");
+    assert!((1_000..=1_500).contains(&sent[1]), "{sent:?}");
+}
+
+#[cfg(feature = "retry")]
+#[tokio::test(start_paused = true)]
+async fn the_local_429_can_be_returned_at_once_instead() {
+    let (second, sent) = retried(RetryStrategy::new().local_429(Local429::Fail)).await;
+    let err = second.expect_err("the local 429");
+    let limited = rate_limited(&err).expect("a RateLimited");
+    assert_eq!(limited.retry_after(), Duration::from_secs(1));
+    assert_eq!(sent, [0]);
+}
