@@ -45,6 +45,8 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
         limit: Limit,
         res: &Response,
         expected: u32,
+        cost: u32,
+        settled: bool,
     ) -> Option<Feedback> {
         let status = res.status();
         let told = match status {
@@ -101,12 +103,38 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
             }
             return (left < limit.burst()).then_some(Feedback::Lower { tokens: left });
         }
-        if status.is_client_error() && self.config.error_cost > 1 {
-            return Some(Feedback::Charge {
-                extra: self.config.error_cost - 1,
-            });
+        let extra = self.config.error_cost.saturating_sub(cost);
+        if status.is_client_error() && extra > 0 && !settled {
+            return Some(Feedback::Charge { extra });
         }
         None
+    }
+
+    /// What settles the call's cost with the `taken` tokens of its reservation, when the
+    /// answer's [`cost_header`](RateLimitMiddleware::cost_header) says what it cost.
+    pub(super) fn settlement(&self, res: &Response, taken: Reservation) -> Option<Feedback> {
+        let name = self.config.cost_header.as_ref()?;
+        let cost = res
+            .headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .and_then(super::follow::count);
+        let Some(cost) = cost else {
+            if res.headers().contains_key(name) {
+                tracing::debug!(header = %name, "ignoring an unusable cost");
+            }
+            return None;
+        };
+        let cost = u32::try_from(cost).unwrap_or(u32::MAX);
+        match cost.cmp(&taken.cost()) {
+            std::cmp::Ordering::Greater => Some(Feedback::Charge {
+                extra: cost - taken.cost(),
+            }),
+            std::cmp::Ordering::Less => Some(Feedback::GiveBack {
+                reservation: taken.with_cost(taken.cost() - cost),
+            }),
+            std::cmp::Ordering::Equal => None,
+        }
     }
 }
 
@@ -117,8 +145,11 @@ pub(super) enum Feedback {
     Drain { until: SystemTime, retry: Duration },
     /// The upstream has `tokens` left, fewer than the bucket can hold.
     Lower { tokens: u32 },
-    /// Another 4xx, under `error_cost`: `extra` more tokens are owed.
+    /// Another 4xx, under `error_cost`, or a call that cost more than it took: `extra` more
+    /// tokens are owed.
     Charge { extra: u32 },
+    /// A call that cost less than it took: part of its reservation goes back.
+    GiveBack { reservation: Reservation },
 }
 
 impl Feedback {
@@ -162,6 +193,11 @@ impl Feedback {
                     tracing::warn!(bucket = key.bucket(), error = %e, "could not lower to the upstream's count");
                 }
             },
+            Self::GiveBack { reservation } => {
+                if let Err(e) = store.refund(key, limit, reservation).await {
+                    tracing::warn!(bucket = key.bucket(), error = %e, "could not give back what a call did not cost");
+                }
+            }
             Self::Charge { mut extra } => {
                 while extra > 0 {
                     let take = extra.min(limit.burst());

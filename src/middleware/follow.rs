@@ -97,7 +97,7 @@ fn integers(value: &str) -> Option<u64> {
         .flatten()
 }
 
-fn count(part: &str) -> Option<u64> {
+pub(super) fn count(part: &str) -> Option<u64> {
     let (whole, fraction) = part.split_once('.').unwrap_or((part, ""));
     if whole.is_empty() || !whole.bytes().all(|b| b.is_ascii_digit()) {
         return None;

@@ -4,6 +4,7 @@
 
 mod account;
 mod backoff;
+mod cost;
 mod follow;
 mod path;
 #[cfg(feature = "retry")]
@@ -11,6 +12,7 @@ mod retry;
 mod route;
 
 pub use self::account::Account;
+pub use self::cost::Cost;
 #[cfg(feature = "retry")]
 #[cfg_attr(docsrs, doc(cfg(feature = "retry")))]
 pub use self::retry::{Local429, RetryStrategy};
@@ -86,6 +88,7 @@ struct Config {
     error_cost: u32,
     max_backoff: Duration,
     follow: follow::Follow,
+    cost_header: Option<HeaderName>,
 }
 
 impl<St: BucketStore + Clone> RateLimitMiddleware<St, SystemClock> {
@@ -104,6 +107,7 @@ impl<St: BucketStore + Clone> RateLimitMiddleware<St, SystemClock> {
                 error_cost: 1,
                 max_backoff: DEFAULT_MAX_BACKOFF,
                 follow: follow::Follow::default(),
+                cost_header: None,
             }),
         }
     }
@@ -161,8 +165,10 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
     }
 
     /// What a `4xx` answer (other than 429) costs in all, in tokens, when the upstream counts
-    /// errors against the budget (a seller API may count one as 10 requests). The extra tokens
-    /// are taken after the answer arrives, as debt that later requests wait off. Default 1.
+    /// errors against the budget (a seller API may count one as 10 requests). What it costs
+    /// above the request's own cost is taken after the answer arrives, as debt that later
+    /// requests wait off. Default 1. An answer whose [`cost_header`](Self::cost_header) says
+    /// what it cost is settled by that instead.
     #[must_use]
     pub fn error_cost(mut self, tokens: NonZeroU32) -> Self {
         Arc::make_mut(&mut self.config).error_cost = tokens.get();
@@ -175,6 +181,17 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
     #[must_use]
     pub fn max_backoff(mut self, max_backoff: Duration) -> Self {
         Arc::make_mut(&mut self.config).max_backoff = max_backoff;
+        self
+    }
+
+    /// Reads what a call cost from this field of the upstream's answer (a count of tokens, such
+    /// as `X-Request-Cost`), and settles the difference with what the request took: more is
+    /// taken after the answer as debt that later requests wait off, less is given back through
+    /// the request's reservation (never above the burst, and only while nothing is queued
+    /// behind it, as every refund). A value that is not a count is ignored.
+    #[must_use]
+    pub fn cost_header(mut self, name: HeaderName) -> Self {
+        Arc::make_mut(&mut self.config).cost_header = Some(name);
         self
     }
 
@@ -241,9 +258,10 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
         &self,
         key: &BucketKey,
         limit: Limit,
+        cost: u32,
         max_wait: Duration,
     ) -> Result<Decision, StoreError> {
-        acquire_detached(&self.store, key, limit, 1, max_wait).await
+        acquire_detached(&self.store, key, limit, cost, max_wait).await
     }
 }
 
@@ -263,20 +281,23 @@ where
             return next.run(req, extensions).await;
         };
         let (limit, bucket) = (route.limit, route.bucket.clone());
+        let cost = extensions.get::<Cost>().map_or(route.cost, Cost::tokens);
         let key = self.key(route, &req, extensions);
         let max_wait = self
             .config
             .max_wait
-            .unwrap_or_else(|| limit.default_max_wait(1));
+            .unwrap_or_else(|| limit.default_max_wait(cost));
         let started = tokio::time::Instant::now();
         let mut ceiling = max_wait;
         // The whole tokens the bucket held once this request took its own: what the upstream
         // should report left if nobody else spends it, and 0 for one that went at a reserved
         // slot, when the bucket was spent to its pace.
         let mut expected = 0;
+        // What the request took, for settling what the call cost.
+        let mut taken;
         loop {
             let decision = self
-                .reserve(&key, limit, ceiling)
+                .reserve(&key, limit, cost, ceiling)
                 .await
                 .map_err(reqwest_middleware::Error::middleware)?;
             if !decision.is_admitted() {
@@ -290,6 +311,7 @@ where
                 let limited = RateLimited::new(retry, limit, bucket.as_str(), decision.remaining());
                 return Err(reqwest_middleware::Error::middleware(limited));
             }
+            taken = decision.reservation();
             // Admitted now: any drain is already in the bucket it was admitted from.
             let Some(reservation) = decision
                 .reservation()
@@ -322,7 +344,13 @@ where
             );
         }
         let res = next.run(req, extensions).await?;
-        if let Some(feedback) = self.feedback(&key, limit, &res, expected) {
+        // What the call cost first, then what the upstream has left, which counts it already.
+        let settle = taken.and_then(|taken| self.settlement(&res, taken));
+        let settled = settle.is_some();
+        if let Some(settle) = settle {
+            settle.apply(&self.store, &key, limit).await;
+        }
+        if let Some(feedback) = self.feedback(&key, limit, &res, expected, cost, settled) {
             feedback.apply(&self.store, &key, limit).await;
         }
         Ok(res)
@@ -353,6 +381,7 @@ impl<St: fmt::Debug, K: fmt::Debug> fmt::Debug for RateLimitMiddleware<St, K> {
             .field("error_cost", &self.config.error_cost)
             .field("max_backoff", &self.config.max_backoff)
             .field("follow_upstream", &self.config.follow)
+            .field("cost_header", &self.config.cost_header)
             .finish()
     }
 }

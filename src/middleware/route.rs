@@ -55,6 +55,8 @@ use crate::{BucketName, InvalidKey, Limit};
 pub struct Route {
     pub(super) bucket: BucketName,
     pub(super) limit: Limit,
+    /// Tokens a request costs unless it carries a [`Cost`](super::Cost).
+    pub(super) cost: u32,
     method: Option<Method>,
     host: Option<String>,
     path: Vec<Segment>,
@@ -90,6 +92,7 @@ impl Route {
         Ok(Self {
             bucket,
             limit,
+            cost: 1,
             method: None,
             host: None,
             path,
@@ -105,6 +108,18 @@ impl Route {
     pub fn margin(self, per_token: std::time::Duration) -> Result<Self, crate::InvalidLimit> {
         let limit = self.limit.with_margin(per_token)?;
         Ok(Self { limit, ..self })
+    }
+
+    /// What each request of the route costs, in tokens, unless it carries a
+    /// [`Cost`](super::Cost) of its own (default 1): a batch endpoint that the API counts as
+    /// several requests. A cost above the limit's burst can never be served, and is the
+    /// middleware's error [`StoreError::CostAboveBurst`](crate::StoreError::CostAboveBurst).
+    #[must_use]
+    pub fn cost(self, tokens: std::num::NonZeroU32) -> Self {
+        Self {
+            cost: tokens.get(),
+            ..self
+        }
     }
 
     /// Matches only requests with this method.

@@ -4,6 +4,7 @@
 
 use super::*;
 
+use std::num::NonZeroU32;
 use std::time::SystemTime;
 
 use http::{HeaderMap, Method, StatusCode};
@@ -335,7 +336,7 @@ fn an_unbounded_max_backoff_and_a_huge_header_drain_without_overflow() {
         .expect("a runtime");
     let quota = runtime
         .block_on(async {
-            if let Some(feedback) = middleware.feedback(&key, limit, &answer, 0) {
+            if let Some(feedback) = middleware.feedback(&key, limit, &answer, 0, 1, false) {
                 feedback.apply(&store, &key, limit).await;
             }
             store.peek(&key, limit).await
@@ -498,7 +499,7 @@ proptest! {
             .build()
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
         let quota = runtime.block_on(async {
-            if let Some(feedback) = middleware.feedback(&key, limit, &answer, 0) {
+            if let Some(feedback) = middleware.feedback(&key, limit, &answer, 0, 1, false) {
                 feedback.apply(&store, &key, limit).await;
             }
             store.peek(&key, limit).await
@@ -1051,4 +1052,102 @@ async fn the_local_429_can_be_returned_at_once_instead() {
     let limited = rate_limited(&err).expect("a RateLimited");
     assert_eq!(limited.retry_after(), Duration::from_secs(1));
     assert_eq!(sent, [0]);
+}
+
+/// Sends `costs.len()` requests one after the other through `limiter` to `upstream`, each with
+/// its [`Cost`] when given: when each reached the upstream, in ms from the start.
+async fn one_by_one(
+    limiter: RateLimitMiddleware<MemoryStore<crate::TokioClock>, crate::TokioClock>,
+    upstream: &Reporting,
+    costs: &[Option<u32>],
+) -> Vec<u64> {
+    let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+        .with(limiter)
+        .with(upstream.clone())
+        .build();
+    let start = tokio::time::Instant::now();
+    for cost in costs {
+        let mut request = client.get("http://upstream.test/orders");
+        if let Some(cost) = cost.and_then(NonZeroU32::new) {
+            request = request.with_extension(Cost::new(cost));
+        }
+        request.send().await.expect("sent");
+    }
+    upstream.sent_ms(start)
+}
+
+fn two(n: u32) -> NonZeroU32 {
+    NonZeroU32::new(n).expect("not zero")
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_route_cost_takes_that_many_tokens_and_a_request_may_say_its_own() {
+    let ok = Reporting::new(|_| (StatusCode::OK, Vec::new()));
+    let clock = crate::TokioClock::new();
+    let limit = Limit::per_second(1)
+        .and_then(|l| l.with_burst(5))
+        .expect("a valid limit");
+    let limiter = RateLimitMiddleware::new(MemoryStore::with_clock(clock))
+        .with_clock(clock)
+        .route(
+            Route::new("api", limit, "/orders")
+                .expect("a route")
+                .cost(two(2)),
+        )
+        .max_wait(Duration::from_secs(60));
+    // 2, 2, then 2 more with 1 left: a second; then a request of 5, the whole burst, once the
+    // bucket is full again, 5 s after it was emptied; then one of 1, a second later.
+    let sent = one_by_one(limiter, &ok, &[None, None, None, Some(5), Some(1)]).await;
+    assert_eq!(sent, [0, 0, 1_000, 6_000, 7_000]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cost_above_the_burst_is_an_error_and_nothing_is_sent() {
+    let ok = Reporting::new(|_| (StatusCode::OK, Vec::new()));
+    let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+        .with(one_a_second_burst_5())
+        .with(ok.clone())
+        .build();
+    let err = client
+        .get("http://upstream.test/orders")
+        .with_extension(Cost::new(two(6)))
+        .send()
+        .await
+        .expect_err("a cost no bucket of burst 5 can serve");
+    let reqwest_middleware::Error::Middleware(e) = err else {
+        panic!("a middleware error: {err:?}");
+    };
+    assert!(
+        matches!(
+            e.downcast_ref::<StoreError>(),
+            Some(StoreError::CostAboveBurst { cost: 6, burst: 5 })
+        ),
+        "{e}"
+    );
+    assert!(ok.sent_ms(tokio::time::Instant::now()).is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn what_an_answer_says_a_call_cost_is_settled() {
+    let cost_header = || http::HeaderName::from_static("x-request-cost");
+    // Each call cost 3, and took 1: 2 more each, as debt. 5 less 3 leaves 2, less 3 more
+    // leaves 1 owed, and the third waits 2 s for a token.
+    let dear = Reporting::new(|_| ok_with("x-request-cost", "3"));
+    let limiter = one_a_second_burst_5().cost_header(cost_header());
+    assert_eq!(
+        one_by_one(limiter, &dear, &[None, None, None]).await,
+        [0, 0, 2_000]
+    );
+    // Each call cost nothing (a cached answer): its token goes back, and seven go at once
+    // where five would.
+    let free = Reporting::new(|_| ok_with("x-request-cost", "0"));
+    let limiter = one_a_second_burst_5().cost_header(cost_header());
+    assert_eq!(one_by_one(limiter, &free, &[None; 7]).await, [0; 7]);
+    // Without the header read, the sixth waits its second.
+    let free = Reporting::new(|_| ok_with("x-request-cost", "0"));
+    let limiter = one_a_second_burst_5();
+    assert_eq!(
+        one_by_one(limiter, &free, &[None; 7]).await[5..],
+        [1_000, 2_000]
+    );
 }

@@ -318,6 +318,13 @@ pub(crate) enum Source {
 }
 
 impl Reservation {
+    /// The same slot and source for `cost` of its tokens: what a refund of part of an admission
+    /// names.
+    #[cfg(feature = "reqwest")]
+    pub(crate) fn with_cost(self, cost: u32) -> Self {
+        Self { cost, ..self }
+    }
+
     /// A reservation of `cost` tokens for the slot at `ready_at`, of the store's own buckets.
     pub fn new(cost: u32, ready_at: SystemTime) -> Self {
         Self {
