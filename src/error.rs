@@ -523,3 +523,34 @@ impl axum::response::IntoResponse for MissingRateLimitInfo {
         (http::StatusCode::INTERNAL_SERVER_ERROR, self.to_string()).into_response()
     }
 }
+
+/// Why a [`Ticket`](crate::middleware::Ticket) could not be read or used.
+#[cfg(feature = "reqwest")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TicketError {
+    /// The text is not a ticket's (see the ticket's `Display`).
+    Malformed,
+    /// The ticket was booked in another bucket, or for another account, than the request it
+    /// came with draws from: it cannot stand for that request's turn.
+    OtherBucket,
+    /// No route of the middleware draws from the ticket's bucket, so it has no limit to give
+    /// the ticket's tokens back under.
+    NoRoute,
+}
+
+#[cfg(feature = "reqwest")]
+impl fmt::Display for TicketError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Malformed => "not a burstgate ticket",
+            Self::OtherBucket => {
+                "the ticket was booked for another bucket or account than the request's"
+            }
+            Self::NoRoute => "no route draws from the ticket's bucket",
+        })
+    }
+}
+
+#[cfg(feature = "reqwest")]
+impl StdError for TicketError {}

@@ -217,6 +217,48 @@ impl BucketKey {
         })
     }
 
+    /// The key whose [`as_str`](Self::as_str) is `id`, when `id` is one that [`new`](Self::new),
+    /// [`hashed`](Self::hashed) or [`keyed`](Self::keyed) can make: a valid bucket name, `:`,
+    /// then a hash (`#` and 64 lowercase hex digits) or an escaped key of 1 to 128 bytes whose
+    /// every escape is one `build` writes. For a key kept as text (a [`Ticket`]) and read back.
+    ///
+    /// [`Ticket`]: crate::middleware::Ticket
+    #[cfg(feature = "reqwest")]
+    pub(crate) fn from_id(id: &str) -> Option<Self> {
+        let (bucket, key) = id.split_once(':')?;
+        check_name(bucket).ok()?;
+        let canonical = if let Some(hex) = key.strip_prefix('#') {
+            hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+        } else {
+            let bytes = key.as_bytes();
+            let mut i = 0;
+            let mut ok = !bytes.is_empty() && bytes.len() <= MAX_ESCAPED_KEY_LEN;
+            while ok && i < bytes.len() {
+                if plain(bytes[i]) {
+                    i += 1;
+                    continue;
+                }
+                let hex = |b: u8| match b {
+                    b'0'..=b'9' => Some(b - b'0'),
+                    b'A'..=b'F' => Some(b - b'A' + 10),
+                    _ => None,
+                };
+                let decoded = match bytes.get(i..i + 3) {
+                    Some([b'%', hi, lo]) => hex(*hi).zip(hex(*lo)).map(|(h, l)| h << 4 | l),
+                    _ => None,
+                };
+                // Only a byte that is not plain is escaped: any other spelling is not the key's.
+                ok = decoded.is_some_and(|b| !plain(b));
+                i += 3;
+            }
+            ok
+        };
+        canonical.then(|| Self {
+            id: id.into(),
+            bucket_len: bucket.len(),
+        })
+    }
+
     /// The bucket name.
     pub fn bucket(&self) -> &str {
         &self.id[..self.bucket_len]
@@ -476,6 +518,36 @@ mod tests {
             .map(|b| format!("{b:02x}"))
             .collect();
         assert_ne!(fp, unsalted);
+    }
+
+    #[test]
+    #[cfg(feature = "reqwest")]
+    fn a_key_read_back_from_its_text_is_the_same_key() {
+        let secret = KeySecret::new(b"an application secret, sixteen+").unwrap();
+        for key in [
+            BucketKey::new("orders", "seller:42").unwrap(),
+            BucketKey::new("ip", [10u8, 0, 0, 255]).unwrap(),
+            BucketKey::new("orders", "x".repeat(200)).unwrap(),
+            BucketKey::hashed("orders", "Bearer t").unwrap(),
+            BucketKey::keyed("orders", "Bearer t", &secret).unwrap(),
+        ] {
+            assert_eq!(BucketKey::from_id(key.as_str()), Some(key));
+        }
+        for bad in [
+            "orders",
+            "orders:",
+            "bad name:k",
+            "orders:a:b",
+            "orders:%3a",
+            "orders:%41",
+            "orders:%4",
+            "orders:#abc",
+            "orders:#ABCDEF0123456789ABCDEF0123456789ABCDEF0123456789ABCDEF0123456789",
+            "orders:a b",
+        ] {
+            assert_eq!(BucketKey::from_id(bad), None, "{bad}");
+        }
+        assert_eq!(BucketKey::from_id(&format!("o:{}", "a".repeat(129))), None);
     }
 
     #[test]

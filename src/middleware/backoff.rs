@@ -38,6 +38,28 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
         }
     }
 
+    /// How long until the halt of a drain made while `reservation` waited, when it ends past
+    /// its slot; `None` when it does not, or when the store cannot answer (the turn was
+    /// booked, and goes, as [`halted`](Self::halted) lets it).
+    pub(super) async fn halted_for(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+        reservation: &Reservation,
+    ) -> Option<Duration> {
+        let quota = self.store.peek(key, limit).await.ok()?;
+        if !quota.halts(reservation) {
+            return None;
+        }
+        let until = quota.halted_until()?;
+        Some(
+            until
+                .duration_since(self.clock.now())
+                .unwrap_or(Duration::ZERO)
+                .max(Duration::from_millis(1)),
+        )
+    }
+
     /// What the upstream's answer asks of the shared bucket, if anything.
     pub(super) fn feedback(
         &self,

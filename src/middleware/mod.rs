@@ -10,6 +10,7 @@ mod path;
 #[cfg(feature = "retry")]
 mod retry;
 mod route;
+mod ticket;
 
 pub use self::account::Account;
 pub use self::cost::Cost;
@@ -17,6 +18,8 @@ pub use self::cost::Cost;
 #[cfg_attr(docsrs, doc(cfg(feature = "retry")))]
 pub use self::retry::{Local429, RetryStrategy};
 pub use self::route::Route;
+pub use self::ticket::Ticket;
+pub use crate::error::TicketError;
 
 use std::fmt;
 use std::num::NonZeroU32;
@@ -234,6 +237,144 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
         }
     }
 
+    /// Books the turn of a request that a job queue sends later, instead of waiting for it here
+    /// (see [`Ticket`]): the request is matched, keyed and priced as [`handle`](Middleware::handle)
+    /// would, its tokens are reserved up to the ceiling, and the ticket says when it may go.
+    /// `Ok(None)` when no route draws from the request: it may go at any time.
+    ///
+    /// ```
+    /// # use std::time::{Duration, SystemTime};
+    /// # use burstgate::middleware::{Account, RateLimitMiddleware, Route};
+    /// # use burstgate::{Limit, MemoryStore};
+    /// # use http::Extensions;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let orders = Route::new("orders", Limit::per_minute(1)?, "/orders")?;
+    /// let limiter = RateLimitMiddleware::new(MemoryStore::new()).route(orders);
+    /// let request = reqwest::Client::new().get("https://api.example/orders").build()?;
+    /// let mut account = Extensions::new();
+    /// account.insert(Account::new("seller-42"));
+    ///
+    /// let now = limiter.reserve(&request, &account).await?.expect("a route matches");
+    /// assert_eq!(now.ready_in(SystemTime::now()), Duration::ZERO);
+    /// let later = limiter.reserve(&request, &account).await?.expect("a route matches");
+    /// assert!(later.ready_in(SystemTime::now()) > Duration::from_secs(59));
+    /// // Kept as text in the job's payload; sent at its time with `.with_extension(ticket)`.
+    /// let payload = later.to_string();
+    /// # let _ = payload;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As a request sent through the middleware: the local 429 ([`RateLimited`]) when the turn
+    /// is further off than the ceiling, a [`StoreError`] when the store fails or the cost is
+    /// above the burst.
+    pub async fn reserve(
+        &self,
+        req: &Request,
+        extensions: &Extensions,
+    ) -> reqwest_middleware::Result<Option<Ticket>> {
+        let Some(route) = self.route_for(req) else {
+            return Ok(None);
+        };
+        let limit = route.limit;
+        let cost = extensions.get::<Cost>().map_or(route.cost, Cost::tokens);
+        let key = self.key(route, req, extensions);
+        let max_wait = self
+            .config
+            .max_wait
+            .unwrap_or_else(|| limit.default_max_wait(cost));
+        let decision = self
+            .take(&key, limit, cost, max_wait)
+            .await
+            .map_err(reqwest_middleware::Error::middleware)?;
+        match decision.reservation() {
+            Some(reservation) => Ok(Some(Ticket { key, reservation })),
+            None => {
+                let retry = decision.retry_after().unwrap_or(Duration::ZERO);
+                let limited = RateLimited::new(retry, limit, route.bucket(), decision.remaining());
+                Err(reqwest_middleware::Error::middleware(limited))
+            }
+        }
+    }
+
+    /// Gives back the tokens of a [`Ticket`] whose request will never be sent (the job was
+    /// dropped), through its reservation, as every refund: never above the burst, and only
+    /// while no turn booked after it would move. Under the limit of the route that draws from
+    /// the ticket's bucket.
+    ///
+    /// # Errors
+    ///
+    /// [`TicketError::NoRoute`] when no route draws from the ticket's bucket, or a
+    /// [`StoreError`].
+    pub async fn cancel(&self, ticket: &Ticket) -> reqwest_middleware::Result<()> {
+        let config = &self.config;
+        let route = config
+            .routes
+            .iter()
+            .chain(config.default.as_ref())
+            .find(|r| r.bucket() == ticket.bucket())
+            .ok_or_else(|| reqwest_middleware::Error::middleware(TicketError::NoRoute))?;
+        self.store
+            .refund(&ticket.key, route.limit, ticket.reservation)
+            .await
+            .map_err(reqwest_middleware::Error::middleware)
+    }
+
+    /// Sends a request that holds a [`Ticket`]: at or after its time, for the bucket and
+    /// account the request draws from, and unless an upstream back-off passed its slot while
+    /// it waited in the queue; without taking another token.
+    async fn send_booked(
+        &self,
+        route: &Route,
+        key: BucketKey,
+        ticket: Ticket,
+        req: Request,
+        extensions: &mut Extensions,
+        next: Next<'_>,
+    ) -> reqwest_middleware::Result<Response> {
+        let limit = route.limit;
+        if ticket.key != key {
+            return Err(reqwest_middleware::Error::middleware(
+                TicketError::OtherBucket,
+            ));
+        }
+        let early = ticket.ready_in(self.clock.now());
+        if !early.is_zero() {
+            tracing::debug!(
+                bucket = route.bucket(),
+                key = %key.fingerprint(),
+                early_ms = early.as_millis() as u64,
+                "local 429: a booked request sent before its time"
+            );
+            let limited = RateLimited::new(early, limit, route.bucket(), 0);
+            return Err(reqwest_middleware::Error::middleware(limited));
+        }
+        if let Some(retry) = self.halted_for(&key, limit, &ticket.reservation).await {
+            tracing::debug!(
+                bucket = route.bucket(),
+                key = %key.fingerprint(),
+                "local 429: an upstream back-off passed a booked slot"
+            );
+            let limited = RateLimited::new(retry, limit, route.bucket(), 0);
+            return Err(reqwest_middleware::Error::middleware(limited));
+        }
+        let res = next.run(req, extensions).await?;
+        let settle = self.settlement(&res, ticket.reservation);
+        let settled = settle.is_some();
+        if let Some(settle) = settle {
+            settle.apply(&self.store, &key, limit).await;
+        }
+        if let Some(feedback) =
+            self.feedback(&key, limit, &res, 0, ticket.reservation.cost(), settled)
+        {
+            feedback.apply(&self.store, &key, limit).await;
+        }
+        Ok(res)
+    }
+
     fn route_for(&self, req: &Request) -> Option<&Route> {
         let config = &self.config;
         config
@@ -253,8 +394,8 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
         )
     }
 
-    /// Takes the request's token on a task of its own (the cancellation rule, `crate::cancel`).
-    async fn reserve(
+    /// Takes the request's tokens on a task of its own (the cancellation rule, `crate::cancel`).
+    async fn take(
         &self,
         key: &BucketKey,
         limit: Limit,
@@ -283,6 +424,11 @@ where
         let (limit, bucket) = (route.limit, route.bucket.clone());
         let cost = extensions.get::<Cost>().map_or(route.cost, Cost::tokens);
         let key = self.key(route, &req, extensions);
+        if let Some(ticket) = extensions.get::<Ticket>().cloned() {
+            return self
+                .send_booked(route, key, ticket, req, extensions, next)
+                .await;
+        }
         let max_wait = self
             .config
             .max_wait
@@ -297,7 +443,7 @@ where
         let mut taken;
         loop {
             let decision = self
-                .reserve(&key, limit, cost, ceiling)
+                .take(&key, limit, cost, ceiling)
                 .await
                 .map_err(reqwest_middleware::Error::middleware)?;
             if !decision.is_admitted() {

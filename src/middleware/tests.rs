@@ -1151,3 +1151,177 @@ async fn what_an_answer_says_a_call_cost_is_settled() {
         [1_000, 2_000]
     );
 }
+
+/// "1 a second, burst 1" for the account `seller-1`, on paused time, in front of `upstream`.
+fn booked_client(
+    upstream: &Reporting,
+) -> (
+    RateLimitMiddleware<MemoryStore<crate::TokioClock>, crate::TokioClock>,
+    reqwest_middleware::ClientWithMiddleware,
+) {
+    let clock = crate::TokioClock::new();
+    let limiter = RateLimitMiddleware::new(MemoryStore::with_clock(clock))
+        .with_clock(clock)
+        .route(
+            Route::new("api", Limit::per_second(1).expect("a limit"), "/orders").expect("a route"),
+        )
+        .max_wait(Duration::from_secs(60));
+    let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+        .with(limiter.clone())
+        .with(upstream.clone())
+        .build();
+    (limiter, client)
+}
+
+fn account(name: &str) -> Extensions {
+    let mut e = Extensions::new();
+    e.insert(Account::new(name));
+    e
+}
+
+fn orders_request() -> Request {
+    reqwest::Client::new()
+        .get("http://upstream.test/orders")
+        .build()
+        .expect("a request")
+}
+
+async fn send_booked(
+    client: &reqwest_middleware::ClientWithMiddleware,
+    who: &str,
+    ticket: Option<Ticket>,
+) -> reqwest_middleware::Result<StatusCode> {
+    let mut request = client
+        .get("http://upstream.test/orders")
+        .with_extension(Account::new(who));
+    if let Some(ticket) = ticket {
+        request = request.with_extension(ticket);
+    }
+    request.send().await.map(|r| r.status())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_booked_request_goes_at_its_time_without_another_token() {
+    let upstream = Reporting::new(|_| (StatusCode::OK, Vec::new()));
+    let (limiter, client) = booked_client(&upstream);
+    let start = tokio::time::Instant::now();
+    let now = limiter
+        .reserve(&orders_request(), &account("seller-1"))
+        .await;
+    let later = limiter
+        .reserve(&orders_request(), &account("seller-1"))
+        .await;
+    let (now, later) = (
+        now.expect("booked").expect("a route"),
+        later.expect("booked").expect("a route"),
+    );
+    assert_eq!(later.ready_at(), now.ready_at() + Duration::from_secs(1));
+    // The job kept it as text, and read it back.
+    let later: Ticket = later.to_string().parse().expect("a ticket");
+
+    send_booked(&client, "seller-1", Some(now))
+        .await
+        .expect("sent at once");
+    // Half a second early: refused here, told how long is left.
+    tokio::time::advance(Duration::from_millis(500)).await;
+    let early = send_booked(&client, "seller-1", Some(later.clone()))
+        .await
+        .expect_err("early");
+    let limited = rate_limited(&early).expect("the local 429");
+    assert_eq!(limited.retry_after(), Duration::from_millis(500));
+    tokio::time::advance(Duration::from_millis(500)).await;
+    send_booked(&client, "seller-1", Some(later))
+        .await
+        .expect("sent at its time");
+    // Two tokens taken in all: the next request, unbooked, waits its second.
+    send_booked(&client, "seller-1", None).await.expect("sent");
+    assert_eq!(upstream.sent_ms(start), [0, 1_000, 2_000]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_ticket_stands_only_for_its_own_bucket_and_account() {
+    let upstream = Reporting::new(|_| (StatusCode::OK, Vec::new()));
+    let (limiter, client) = booked_client(&upstream);
+    let ticket = limiter
+        .reserve(&orders_request(), &account("seller-1"))
+        .await
+        .expect("booked")
+        .expect("a route");
+    let err = send_booked(&client, "seller-2", Some(ticket))
+        .await
+        .expect_err("another account's ticket");
+    let reqwest_middleware::Error::Middleware(e) = err else {
+        panic!("a middleware error: {err:?}");
+    };
+    assert_eq!(
+        e.downcast_ref::<TicketError>(),
+        Some(&TicketError::OtherBucket)
+    );
+    assert!(upstream.sent_ms(tokio::time::Instant::now()).is_empty());
+    // A request no route draws from needs no ticket.
+    let elsewhere = reqwest::Client::new()
+        .get("http://upstream.test/health")
+        .build()
+        .expect("a request");
+    assert!(matches!(
+        limiter.reserve(&elsewhere, &account("seller-1")).await,
+        Ok(None)
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_ticket_gives_its_turn_back() {
+    let upstream = Reporting::new(|_| (StatusCode::OK, Vec::new()));
+    let (limiter, _client) = booked_client(&upstream);
+    let (request, seller) = (orders_request(), account("seller-1"));
+    let book = || limiter.reserve(&request, &seller);
+    let first = book().await.expect("booked").expect("a route");
+    let second = book().await.expect("booked").expect("a route");
+    limiter.cancel(&second).await.expect("cancelled");
+    let again = book().await.expect("booked").expect("a route");
+    assert_eq!(again.ready_at(), second.ready_at());
+    assert_eq!(again.ready_at(), first.ready_at() + Duration::from_secs(1));
+    // A ticket of a bucket no route draws from has no limit to go back under.
+    let stranger = Ticket {
+        key: BucketKey::new("other", "seller-1").expect("a key"),
+        ..again
+    };
+    let err = limiter.cancel(&stranger).await.expect_err("no route");
+    let reqwest_middleware::Error::Middleware(e) = err else {
+        panic!("a middleware error: {err:?}");
+    };
+    assert_eq!(e.downcast_ref::<TicketError>(), Some(&TicketError::NoRoute));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_upstream_back_off_past_a_booked_slot_refuses_it() {
+    // The first request earns a 429 asking for 5 s; the one booked for 1 s must not go then.
+    let upstream = Reporting::new(|n| match n {
+        0 => (
+            StatusCode::TOO_MANY_REQUESTS,
+            vec![("retry-after", "5".to_owned())],
+        ),
+        _ => (StatusCode::OK, Vec::new()),
+    });
+    let (limiter, client) = booked_client(&upstream);
+    let first = limiter
+        .reserve(&orders_request(), &account("seller-1"))
+        .await
+        .expect("booked")
+        .expect("a route");
+    let second = limiter
+        .reserve(&orders_request(), &account("seller-1"))
+        .await
+        .expect("booked")
+        .expect("a route");
+    let answer = send_booked(&client, "seller-1", Some(first))
+        .await
+        .expect("sent");
+    assert_eq!(answer, StatusCode::TOO_MANY_REQUESTS);
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let err = send_booked(&client, "seller-1", Some(second))
+        .await
+        .expect_err("drained past");
+    let limited = rate_limited(&err).expect("the local 429");
+    assert_eq!(limited.retry_after(), Duration::from_secs(4));
+}

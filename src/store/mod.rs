@@ -325,6 +325,17 @@ impl Reservation {
         Self { cost, ..self }
     }
 
+    /// A reservation as its three parts, for a [`Ticket`](crate::middleware::Ticket) read back
+    /// from its text.
+    #[cfg(feature = "reqwest")]
+    pub(crate) fn from_parts(cost: u32, ready_at_ms: u64, source: Source) -> Self {
+        Self {
+            cost,
+            ready_at_ms: ready_at_ms.min(crate::bucket::MAX_TIME),
+            source,
+        }
+    }
+
     /// A reservation of `cost` tokens for the slot at `ready_at`, of the store's own buckets.
     pub fn new(cost: u32, ready_at: SystemTime) -> Self {
         Self {
