@@ -472,13 +472,16 @@ pub(crate) fn set(p: &Params, state: Option<State>, now: u64, tokens: f64) -> Wr
     write(p, tokens, ts)
 }
 
-/// Lowers the bucket to `tokens` at the later of `now` and the stored time, when it holds more
-/// then, and refills from there; a bucket holding `tokens` or fewer (in debt, say) is left as it
-/// is: never raised. For a client told by the upstream how much of the budget is left, when
-/// someone else spends it too. The outcome is allowed when the bucket was lowered. Nothing is
-/// written otherwise, unless a stored time far ahead was moved back. The halt is kept (the
-/// caller's): lowering only moves later reservations later, so every reservation granted after
-/// a drain is still slotted at its halt or later.
+/// Lowers the bucket to `tokens` whole tokens at the later of `now` and the stored time, when
+/// it holds more whole tokens then, keeping its fraction of the next one, and refills from
+/// there; a bucket holding `tokens` whole tokens or fewer (one in debt, say) is left as it is:
+/// never raised. For a client told by the upstream how many requests it has left, when someone
+/// else spends the same budget: the count is of whole requests, and says nothing of how far the
+/// upstream is into its next token, so the bucket keeps its own progress rather than lose up
+/// to a token's refill to every report. The outcome is allowed when the bucket was lowered.
+/// Nothing is written otherwise, unless a stored time far ahead was moved back. The halt is
+/// kept (the caller's): lowering only moves later reservations later, so every reservation
+/// granted after a drain is still slotted at its halt or later.
 pub(crate) fn lower(
     p: &Params,
     state: Option<State>,
@@ -487,8 +490,11 @@ pub(crate) fn lower(
 ) -> (Outcome, Option<Write>) {
     let now = time(now);
     let (s, avail, ts, clamped) = available(p, state, now);
-    if tokens < avail {
-        let w = write(p, tokens, ts);
+    // The Lua's `avail - avail % 1`, its whole tokens: above `tokens`, it is at least 1, and
+    // truncation is the floor.
+    if tokens + 1.0 <= avail {
+        let whole = avail as i64 as f64;
+        let w = write(p, tokens + (avail - whole), ts);
         return (w.outcome(), Some(w));
     }
     let outcome = Outcome {

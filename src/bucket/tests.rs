@@ -874,16 +874,14 @@ proptest! {
         prop_assert_eq!(after.remaining, before.remaining.min(u64::from(reported)));
         prop_assert_eq!(o.allowed, w.is_some());
         if let Some(w) = w {
-            // Lowered to exactly the report, never raised.
-            prop_assert_eq!(w.state.t, f64::from(reported));
-            prop_assert!(u64::from(reported) < u64::from(limit.burst()));
+            // Lowered to the report's whole tokens, never raised, with the bucket's fraction
+            // of its next token kept.
+            prop_assert!(u64::from(reported) < before.remaining);
             prop_assert_eq!(after.remaining, u64::from(reported));
+            prop_assert!(w.state.t >= f64::from(reported) && w.state.t < f64::from(reported) + 1.0);
         } else {
             prop_assert_eq!(after, before);
         }
-        // What refills after it refills at the limit's rate, from the lowered level: the next
-        // whole token is never sooner than the bucket's own would have been.
-        prop_assert!(after.remaining < before.remaining || after.wait >= before.wait);
     }
 }
 
@@ -896,6 +894,19 @@ fn lowering_an_emptied_bucket_to_zero_makes_its_next_token_one_period_away() {
     let lowered = w.map(|w| w.state);
     assert_eq!(evaluate(&p, lowered, START, 1.0, 0).0.wait, 50);
     assert!(evaluate(&p, lowered, START + 50, 1.0, 0).0.allowed);
+    // 2.6 tokens, told 1 is left: 1.6, the next token as near as it was; told 2, nothing.
+    let mut state = None;
+    for _ in 0..7 {
+        state = evaluate(&p, state, START, 1.0, 0).1.map(|w| w.state);
+    }
+    let held = Some(State {
+        t: state.unwrap().t + 0.6,
+        ..state.unwrap()
+    });
+    let (o, w) = lower(&p, held, START, 1.0);
+    assert!(o.allowed);
+    assert!((w.unwrap().state.t - 1.6).abs() < 1e-9, "{w:?}");
+    assert_eq!(lower(&p, held, START, 2.0).1, None);
     // A bucket in debt holds less than any report: nothing is written, its queue stands.
     let mut queued = None;
     for _ in 0..12 {

@@ -139,12 +139,13 @@ pub trait BucketStore: Send + Sync + 'static {
     /// budget (the account's other integrations), or Redis forgot what was spent, the shared
     /// bucket comes down to what the upstream has, and every worker slows down with it.
     ///
-    /// - Returns whether the bucket was lowered: `false` when it held `tokens` or fewer (a
-    ///   bucket in debt, with reservations queued, holds fewer than any report), and then
-    ///   nothing is written.
-    /// - A lowered bucket refills from its new level at the limit's rate, from the later of the
-    ///   store's clock and the bucket's stored time. Reservations already queued keep their
-    ///   slots; the halt of a drain is kept.
+    /// - Returns whether the bucket was lowered: `false` when it held `tokens` whole tokens or
+    ///   fewer (a bucket in debt, with reservations queued, holds fewer than any report), and
+    ///   then nothing is written.
+    /// - A lowered bucket keeps its fraction of the next token (a count of requests left says
+    ///   nothing of the upstream's), and refills from there at the limit's rate, from the
+    ///   later of the store's clock and the bucket's stored time. Reservations already queued
+    ///   keep their slots; the halt of a drain is kept.
     /// - A `tokens` at or above the burst never lowers anything, and is not an error: upstreams
     ///   with a larger burst report more than the bucket can hold.
     fn lower_to(

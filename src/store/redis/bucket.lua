@@ -262,16 +262,17 @@ elseif op == 6 then
   if deadline > halt then halt = deadline end
   wait = 0
 elseif op == 7 then
-  -- Down to x tokens from ts2 on when the bucket holds more, the halt kept; a bucket holding x
-  -- or fewer (one in debt) is never raised, and nothing is written (bucket.rs's lower).
-  if not (x < avail) then
+  -- Down to x whole tokens from ts2 on when the bucket holds more whole tokens, its fraction of
+  -- the next one kept, and the halt; a bucket holding x whole tokens or fewer (one in debt) is
+  -- never raised, and nothing is written (bucket.rs's lower).
+  if not (x + 1 <= avail) then
     local held = 0
     if avail > 0 then held = avail - avail % 1 end
     local until_full = ready_at(t, ts, capacity) - ts2
     if not (until_full > 0) then until_full = 0 end
     return struct.pack('<ddddd', 0, 0, held, until_full, ts2)
   end
-  t2 = x
+  t2 = x + avail % 1
   wait = 0
 else
   return redis.error_reply('burstgate: unknown operation')

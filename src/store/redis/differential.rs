@@ -1004,7 +1004,11 @@ const MUTANTS: &[(&str, &str)] = &[
     ),
     // lower: down to the report when the bucket holds more, never up, the halt kept
     ("elseif op == 7 then", "elseif op == 9 then"),
-    ("if not (x < avail) then", "if not (x <= avail) then"),
+    (
+        "if not (x + 1 <= avail) then",
+        "if not (x + 1 < avail) then",
+    ),
+    ("if not (x + 1 <= avail) then", "if not (x < avail) then"),
     ("if avail > 0 then held = avail - avail % 1 end", ""),
     (
         "local until_full = ready_at(t, ts, capacity) - ts2",
@@ -1015,9 +1019,16 @@ const MUTANTS: &[(&str, &str)] = &[
         "return struct.pack('<ddddd', 0, 0, held, until_full, ts2)",
         "return struct.pack('<ddddd', 1, 0, held, until_full, ts2)",
     ),
-    ("  t2 = x\n  wait = 0", "  t2 = x\n  halt = 0\n  wait = 0"),
-    ("  t2 = x\n  wait = 0", "  t2 = x + 0.5\n  wait = 0"),
-    ("  t2 = x\n  wait = 0", "  t2 = x\n  wait = 1"),
+    (
+        "  t2 = x + avail % 1\n",
+        "  t2 = x + avail % 1\n  halt = 0\n",
+    ),
+    ("  t2 = x + avail % 1\n", "  t2 = x\n"),
+    ("  t2 = x + avail % 1\n", "  t2 = x + 0.5\n"),
+    (
+        "  t2 = x + avail % 1\n  wait = 0",
+        "  t2 = x + avail % 1\n  wait = 1",
+    ),
     // the stored value's validation, caught by the planted values
     ("and ts % 1 == 0", ""),
     ("and halt % 1 == 0", ""),
