@@ -10,6 +10,7 @@ use http::{HeaderMap, StatusCode};
 use reqwest::Response;
 
 use super::RateLimitMiddleware;
+use super::follow::Sent;
 use crate::clock::{self, Clock};
 use crate::{BucketKey, BucketStore, Limit, Reservation};
 
@@ -66,9 +67,7 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
         key: &BucketKey,
         limit: Limit,
         res: &Response,
-        expected: u32,
-        cost: u32,
-        settled: bool,
+        sent: &Sent,
     ) -> Option<Feedback> {
         let status = res.status();
         let told = match status {
@@ -103,30 +102,32 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
             let until = until.checked_sub(token_period(limit)).unwrap_or(until);
             return Some(Feedback::Drain { until, retry });
         }
-        // The upstream's count, when it gives one, already holds whatever an error cost it.
         if let Some(left) = self.config.follow.remaining(res.headers()) {
-            // Nothing left when the bucket is spent too (`expected`, what it held after this
-            // request, is 0), from an upstream that has shown a margin over the bucket: someone
-            // else took the margin. A count cannot go below zero, and the bucket, in debt while
-            // requests queue, holds less than any report, so lowering would change nothing, and
-            // the other consumer's next spend would earn a 429. So the same drain as after a
-            // 429 that gives no time, for one token period from now: the reservation whose slot
-            // falls within it queues again, and the margin is back. Where the upstream has shown
-            // no margin, nothing left is the usual state of a bucket spent at its pace, and says
-            // nothing.
-            let margin = self
-                .seen
-                .margin(key.bucket(), limit.burst(), left, expected);
-            if left == 0 && expected == 0 && margin {
+            // Nothing left at the bucket's pace (the request went at a reserved slot), from an
+            // upstream that has shown a margin over the bucket lately: someone else took the
+            // margin. A count cannot go below zero, and the bucket, in debt while requests
+            // queue, holds less than any report, so lowering would change nothing, and the
+            // other consumer's next spend would earn a 429. So the same drain as after a 429
+            // that gives no time, for one token period from now: the reservation whose slot
+            // falls within it queues again, and the margin is back. Where the upstream has
+            // shown no margin, nothing left is the usual state of a bucket spent at its pace,
+            // and says nothing.
+            let margin = self.seen.margin(key, limit, left, sent);
+            if left == 0 && sent.queued && margin {
                 return Some(Feedback::Drain {
                     until: self.clock.now(),
                     retry: Duration::ZERO,
                 });
             }
-            return (left < limit.burst()).then_some(Feedback::Lower { tokens: left });
+            // Fewer than the bucket held once this request took its own: someone else spent
+            // them, and the bucket comes down. The count already holds what an error cost the
+            // upstream. Otherwise it says nothing the bucket did not know, and costs no call.
+            if left < sent.expected {
+                return Some(Feedback::Lower { tokens: left });
+            }
         }
-        let extra = self.config.error_cost.saturating_sub(cost);
-        if status.is_client_error() && extra > 0 && !settled {
+        let extra = self.config.error_cost.saturating_sub(sent.cost);
+        if status.is_client_error() && extra > 0 && !sent.settled {
             return Some(Feedback::Charge { extra });
         }
         None
@@ -197,7 +198,7 @@ impl Feedback {
                     bucket = key.bucket(),
                     key = %key.fingerprint(),
                     retry_ms = retry.as_millis() as u64,
-                    "upstream 429: draining the shared bucket"
+                    "upstream back-off: draining the shared bucket"
                 );
                 if let Err(e) = store.drain_until(key, limit, until).await {
                     tracing::warn!(bucket = key.bucket(), error = %e, "could not drain after a 429");

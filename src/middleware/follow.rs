@@ -25,30 +25,77 @@ impl Default for Follow {
     }
 }
 
-/// The routes whose upstream has shown a margin over the bucket, in this process: it reported
-/// tokens left to a request that went when the bucket was spent (at a reserved slot), or at
-/// least as many as the bucket can hold. Such an upstream holds more than the bucket (a larger
-/// burst, or a faster rate), and a report of nothing left when the bucket is spent then says
-/// that someone else took the margin. Counts reported to requests that went while the bucket
-/// held tokens prove nothing less: requests sent together reach the upstream in any order.
+/// The buckets whose upstream has shown a margin over the bucket lately, in this process: it
+/// reported at least as many tokens left as the bucket can hold, or a token left (beyond what
+/// refilled while the answer travelled) to a request that went at a reserved slot, when the
+/// bucket was spent to its pace. Such an upstream holds more than the bucket (a larger burst,
+/// or a faster rate), and a report of nothing left when the bucket is spent then says that
+/// someone else took the margin. Counts heard by requests sent while the bucket held tokens
+/// prove nothing: requests sent together reach the upstream in any order.
+///
+/// A margin shown is believed for two refill times of the bucket: an upstream that stops
+/// showing one (its limit was lowered) stops being drained for. Per bucket key, since accounts
+/// on one route may have different plans; forgotten entries are dropped once there are many.
 #[derive(Debug, Default)]
 pub(super) struct Seen {
-    margin: std::sync::Mutex<std::collections::HashSet<String>>,
+    shown: std::sync::Mutex<std::collections::HashMap<Box<str>, tokio::time::Instant>>,
+}
+
+/// Entries kept before the forgotten ones are dropped.
+const SEEN_KEYS: usize = 1024;
+
+/// How a request went out, for reading its answer.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Sent {
+    /// The whole tokens the bucket held once the request took its own: what the upstream
+    /// should report left if nobody else spends it; 0 for a request that went at a reserved
+    /// slot.
+    pub(super) expected: u32,
+    /// Whether the request went at a reserved slot, when the bucket was spent to its pace.
+    pub(super) queued: bool,
+    /// The tokens it took.
+    pub(super) cost: u32,
+    /// Whether what the call cost was settled already, from the answer.
+    pub(super) settled: bool,
+    /// From sending the request to its answer.
+    pub(super) rtt: std::time::Duration,
 }
 
 impl Seen {
-    /// Records that route `bucket` (of burst `burst`) had its upstream report `left` to a
-    /// request after which the bucket held `expected`, and says whether that upstream has shown
-    /// a margin.
-    pub(super) fn margin(&self, bucket: &str, burst: u32, left: u32, expected: u32) -> bool {
-        let mut margin = self
-            .margin
+    /// Records that `key`'s upstream, under `limit`, reported `left` to a request that went
+    /// out as `sent` says, and says whether it has shown a margin lately.
+    pub(super) fn margin(
+        &self,
+        key: &crate::BucketKey,
+        limit: crate::Limit,
+        left: u32,
+        sent: &Sent,
+    ) -> bool {
+        let now = tokio::time::Instant::now();
+        // What refilled while the answer travelled, and in the millisecond a slot is rounded
+        // to: a bucket with no margin hears a token left when that reaches one.
+        let transit = (sent.rtt.as_secs_f64() * 1000.0 + 1.0) * f64::from(limit.tokens())
+            / limit.interval_ms() as f64;
+        let proof = left >= limit.burst() || (sent.queued && f64::from(left) > transit);
+        let believed = (limit.refill_time() * 2).max(std::time::Duration::from_secs(1));
+        let mut shown = self
+            .shown
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if ((expected == 0 && left > 0) || left >= burst) && !margin.contains(bucket) {
-            margin.insert(bucket.to_owned());
+        if proof {
+            match shown.get_mut(key.as_str()) {
+                Some(at) => *at = now,
+                None => {
+                    if shown.len() >= SEEN_KEYS {
+                        shown.retain(|_, at| now.duration_since(*at) <= believed);
+                    }
+                    shown.insert(key.as_str().into(), now);
+                }
+            }
         }
-        margin.contains(bucket)
+        shown
+            .get(key.as_str())
+            .is_some_and(|at| now.duration_since(*at) <= believed)
     }
 }
 
@@ -210,19 +257,40 @@ mod tests {
         assert_eq!(f.remaining(&huge), Some(u32::MAX));
     }
 
-    #[test]
-    fn a_margin_shows_only_where_order_cannot_fake_it() {
+    #[tokio::test(start_paused = true)]
+    async fn a_margin_shows_only_where_order_cannot_fake_it() {
+        use std::time::Duration;
+
         let seen = Seen::default();
-        // Requests sent together while the bucket holds tokens reach the upstream in any
-        // order: one that left 3 may hear 4.
-        assert!(!seen.margin("orders", 10, 4, 3));
-        assert!(!seen.margin("orders", 10, 0, 0));
-        // As many as the bucket can hold, or any at all when the bucket is spent: a margin.
-        assert!(seen.margin("orders", 10, 10, 9));
-        assert!(seen.margin("sales", 1, 1, 0));
-        // Kept, per route.
-        assert!(seen.margin("orders", 10, 0, 0));
-        assert!(!seen.margin("funnel", 3, 0, 0));
+        let limit = crate::Limit::per_second(20)
+            .and_then(|l| l.with_burst(10))
+            .unwrap();
+        let key = |account| crate::BucketKey::new("orders", account).unwrap();
+        let sent = |expected, queued, rtt_ms| Sent {
+            expected,
+            queued,
+            cost: 1,
+            settled: false,
+            rtt: Duration::from_millis(rtt_ms),
+        };
+        // Requests sent together while the bucket held tokens reach the upstream in any order:
+        // the last of a burst may hear 1. No proof, nor nothing left to the first of a queue.
+        assert!(!seen.margin(&key("a"), limit, 1, &sent(0, false, 1)));
+        assert!(!seen.margin(&key("a"), limit, 4, &sent(3, false, 1)));
+        assert!(!seen.margin(&key("a"), limit, 0, &sent(0, true, 1)));
+        // A queued request that hears a token left, more than refilled in transit: a margin;
+        // one whose answer took 200 ms (4 tokens' refill) proves nothing with 4 left.
+        assert!(!seen.margin(&key("a"), limit, 4, &sent(0, true, 200)));
+        assert!(seen.margin(&key("a"), limit, 1, &sent(0, true, 1)));
+        // As many as the bucket can hold: a margin, whatever the order.
+        assert!(seen.margin(&key("b"), limit, 10, &sent(9, false, 1)));
+        // Per account: another on the same route has shown nothing.
+        assert!(!seen.margin(&key("c"), limit, 0, &sent(0, true, 1)));
+        // Believed for two refill times (1 s here), then forgotten until shown again.
+        tokio::time::advance(Duration::from_millis(1_000)).await;
+        assert!(seen.margin(&key("a"), limit, 0, &sent(0, true, 1)));
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(!seen.margin(&key("a"), limit, 0, &sent(0, true, 1)));
     }
 
     #[test]

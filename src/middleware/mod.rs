@@ -361,15 +361,22 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
             let limited = RateLimited::new(retry, limit, route.bucket(), 0);
             return Err(reqwest_middleware::Error::middleware(limited));
         }
+        let sent_at = tokio::time::Instant::now();
         let res = next.run(req, extensions).await?;
         let settle = self.settlement(&res, ticket.reservation);
-        let settled = settle.is_some();
+        // When the turn was booked, and so whether the bucket was spent, is not known here: the
+        // answer proves no margin, and lowers nothing.
+        let sent = follow::Sent {
+            expected: 0,
+            queued: false,
+            cost: ticket.reservation.cost(),
+            settled: settle.is_some(),
+            rtt: sent_at.elapsed(),
+        };
         if let Some(settle) = settle {
             settle.apply(&self.store, &key, limit).await;
         }
-        if let Some(feedback) =
-            self.feedback(&key, limit, &res, 0, ticket.reservation.cost(), settled)
-        {
+        if let Some(feedback) = self.feedback(&key, limit, &res, &sent) {
             feedback.apply(&self.store, &key, limit).await;
         }
         Ok(res)
@@ -435,10 +442,10 @@ where
             .unwrap_or_else(|| limit.default_max_wait(cost));
         let started = tokio::time::Instant::now();
         let mut ceiling = max_wait;
-        // The whole tokens the bucket held once this request took its own: what the upstream
-        // should report left if nobody else spends it, and 0 for one that went at a reserved
-        // slot, when the bucket was spent to its pace.
+        // The whole tokens the bucket held once this request took its own (see `Sent`), and
+        // whether it went at a reserved slot.
         let mut expected = 0;
+        let mut queued = false;
         // What the request took, for settling what the call cost.
         let mut taken;
         loop {
@@ -466,6 +473,7 @@ where
                 expected = decision.remaining();
                 break;
             };
+            queued = true;
             let mut guard = RefundGuard::new(self.store.clone());
             guard.push(key.clone(), limit, reservation);
             tracing::debug!(
@@ -489,14 +497,22 @@ where
                 "an upstream back-off passed the reserved slot: queuing again"
             );
         }
+        let sent_at = tokio::time::Instant::now();
         let res = next.run(req, extensions).await?;
+        let rtt = sent_at.elapsed();
         // What the call cost first, then what the upstream has left, which counts it already.
         let settle = taken.and_then(|taken| self.settlement(&res, taken));
-        let settled = settle.is_some();
+        let sent = follow::Sent {
+            expected,
+            queued,
+            cost,
+            settled: settle.is_some(),
+            rtt,
+        };
         if let Some(settle) = settle {
             settle.apply(&self.store, &key, limit).await;
         }
-        if let Some(feedback) = self.feedback(&key, limit, &res, expected, cost, settled) {
+        if let Some(feedback) = self.feedback(&key, limit, &res, &sent) {
             feedback.apply(&self.store, &key, limit).await;
         }
         Ok(res)

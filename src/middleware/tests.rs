@@ -336,7 +336,7 @@ fn an_unbounded_max_backoff_and_a_huge_header_drain_without_overflow() {
         .expect("a runtime");
     let quota = runtime
         .block_on(async {
-            if let Some(feedback) = middleware.feedback(&key, limit, &answer, 0, 1, false) {
+            if let Some(feedback) = middleware.feedback(&key, limit, &answer, &unqueued()) {
                 feedback.apply(&store, &key, limit).await;
             }
             store.peek(&key, limit).await
@@ -499,7 +499,7 @@ proptest! {
             .build()
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
         let quota = runtime.block_on(async {
-            if let Some(feedback) = middleware.feedback(&key, limit, &answer, 0, 1, false) {
+            if let Some(feedback) = middleware.feedback(&key, limit, &answer, &unqueued()) {
                 feedback.apply(&store, &key, limit).await;
             }
             store.peek(&key, limit).await
@@ -954,11 +954,11 @@ async fn a_503_with_retry_after_backs_off_like_a_429_and_one_without_does_not() 
     assert_eq!(sends(one_a_second_burst_5(), &failing, 2).await, [0, 0, 0]);
 }
 
-/// "1 a second, burst 2", against an upstream that answers after 100 ms and reports `first`
-/// left to the first request, nothing left to the second, and `later` to every other. One
-/// request goes first, then three at once when its answer is in: when each reached the
-/// upstream, in order.
-async fn after_nothing_left(first: &'static str, later: &'static str) -> Vec<u64> {
+/// "1 a second, burst 2", against an upstream that answers after 100 ms and reports `left[n]`
+/// left to the `n`th request (the last one to the rest). One request goes first, then three at
+/// once when its answer is in: the first of them at once, the other two queued for 1 s and 2 s.
+/// When each reached the upstream, in order.
+async fn after_nothing_left(left: &'static [&'static str]) -> Vec<u64> {
     let clock = crate::TokioClock::new();
     let limit = Limit::per_second(1)
         .and_then(|l| l.with_burst(2))
@@ -967,15 +967,9 @@ async fn after_nothing_left(first: &'static str, later: &'static str) -> Vec<u64
         .with_clock(clock)
         .route(Route::new("api", limit, "/orders").expect("a route"))
         .max_wait(Duration::from_secs(60));
-    let upstream = Reporting::new(move |n| {
-        let left = match n {
-            0 => first,
-            1 => "0",
-            _ => later,
-        };
-        ok_with("x-ratelimit-remaining", left)
-    })
-    .delayed(Duration::from_millis(100));
+    let upstream =
+        Reporting::new(move |n| ok_with("x-ratelimit-remaining", left[n.min(left.len() - 1)]))
+            .delayed(Duration::from_millis(100));
     let mut sent = sends(limiter, &upstream, 3).await;
     sent.sort_unstable();
     sent
@@ -984,18 +978,33 @@ async fn after_nothing_left(first: &'static str, later: &'static str) -> Vec<u64
 #[tokio::test(start_paused = true)]
 async fn nothing_left_from_an_upstream_with_a_margin_moves_the_next_slot_back() {
     // The first answer reports 2 left, as many as the bucket can hold: the upstream holds more
-    // than the bucket. The second request, at 100 ms, spends the bucket, and hears at 200 ms
-    // that nothing is left: someone else took the margin, and the request queued for 1 s would
-    // earn a 429. It queues again, behind the one queued for 2 s.
-    assert_eq!(after_nothing_left("2", "1").await, [0, 100, 2_000, 3_000]);
+    // than the bucket. The request queued for 1 s hears at 1.1 s that nothing is left: someone
+    // else took the margin, and the request queued for 2 s would earn a 429. It queues again,
+    // behind the back-off.
+    assert_eq!(
+        after_nothing_left(&["2", "1", "0", "1"]).await,
+        [0, 100, 1_000, 3_000]
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn nothing_left_from_an_upstream_without_a_margin_is_its_usual_state() {
-    // The first answer reports what the bucket holds too (lowering it to that whole token):
-    // nothing left after spending the bucket is then what spending it at its pace looks like,
-    // and the queue stands.
-    assert_eq!(after_nothing_left("1", "0").await, [0, 100, 1_100, 2_100]);
+    // The upstream reports no more than the bucket holds: nothing left to a queued request is
+    // then what spending the bucket at its pace looks like, and the queue stands.
+    assert_eq!(
+        after_nothing_left(&["1", "0"]).await,
+        [0, 100, 1_000, 2_000]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_last_of_a_burst_hearing_a_token_left_proves_no_margin() {
+    // Requests sent together reach the upstream in any order: the one that spent the bucket
+    // may hear a token left. That is no margin, and a later nothing left changes nothing.
+    assert_eq!(
+        after_nothing_left(&["1", "1", "0"]).await,
+        [0, 100, 1_000, 2_000]
+    );
 }
 
 /// Two requests through reqwest-retry and the limiter ("1 a second, burst 1", never waiting):
@@ -1324,4 +1333,15 @@ async fn an_upstream_back_off_past_a_booked_slot_refuses_it() {
         .expect_err("drained past");
     let limited = rate_limited(&err).expect("the local 429");
     assert_eq!(limited.retry_after(), Duration::from_secs(4));
+}
+
+/// How a request that went at once, as the only one, went out.
+fn unqueued() -> follow::Sent {
+    follow::Sent {
+        expected: 0,
+        queued: false,
+        cost: 1,
+        settled: false,
+        rtt: Duration::ZERO,
+    }
 }
