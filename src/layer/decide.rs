@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::Response;
+use tracing::Level;
 
 use super::config::Config;
 use super::headers::{self, Item};
@@ -306,7 +307,11 @@ fn observe<St>(config: &Config<St>, p: &Planned, outcome: Outcome, d: &Decision)
         outcome = outcome.as_str(),
         "rate limited"
     );
-    if let Some(suppressed) = r.observer.limited.admit() {
+    // The gate is asked only when a subscriber wants the event: it reads the clock and writes
+    // atomics shared by every request of the rule, and a refused request is a hot path too.
+    if tracing::enabled!(Level::INFO)
+        && let Some(suppressed) = r.observer.limited.admit()
+    {
         let retry_ms = d.retry_after().unwrap_or_default().as_millis() as u64;
         if outcome == Outcome::ShadowLimited {
             tracing::info!(
@@ -349,8 +354,11 @@ fn observe_failure<St>(config: &Config<St>, p: &Planned, e: &StoreError) {
         StoreError::Unavailable { .. } => {
             tracing::debug!(bucket = r.bucket(), error = %e, "rate limit store unavailable");
         }
+        // The gate asked only when a subscriber wants the event, as for a refusal.
         StoreError::ZeroCost | StoreError::CostAboveBurst { .. } => {
-            if let Some(suppressed) = r.observer.failed.admit() {
+            if tracing::enabled!(Level::ERROR)
+                && let Some(suppressed) = r.observer.failed.admit()
+            {
                 tracing::error!(
                     bucket = r.bucket(),
                     error = %e,
@@ -360,7 +368,9 @@ fn observe_failure<St>(config: &Config<St>, p: &Planned, e: &StoreError) {
             }
         }
         _ => {
-            if let Some(suppressed) = r.observer.failed.admit() {
+            if tracing::enabled!(Level::ERROR)
+                && let Some(suppressed) = r.observer.failed.admit()
+            {
                 tracing::error!(
                     bucket = r.bucket(),
                     error = %e,
