@@ -37,6 +37,12 @@ impl<T> Few<T> {
             *self = Self::One(item);
             return;
         }
+        self.push_more(item);
+    }
+
+    /// A second item or more, into a `Vec`: apart, so that the usual case stays small enough
+    /// to inline.
+    fn push_more(&mut self, item: T) {
         *self = match mem::take(self) {
             Self::Empty => Self::One(item),
             Self::One(first) => Self::Many(vec![first, item]),
