@@ -97,8 +97,52 @@ pub(crate) enum Verdict<St: BucketStore + Clone> {
     },
     /// Answered without calling the inner service: a rule refused (the rejection), or the store
     /// could not decide (503, or 500 for a misconfigured rule). Either way everything taken by
-    /// earlier rules has been given back, and the response future returns this answer.
-    Reject(Response<Bytes>),
+    /// earlier rules has been given back, and the response future returns the refusal's answer.
+    Reject(Refusal<St>),
+}
+
+/// A refused request, to be answered in the terms of its protocol ([`answer`](Self::answer)):
+/// the response future looks the protocol up in the request's headers, which an admitted
+/// request is spared.
+pub(crate) struct Refusal<St> {
+    config: Arc<Config<St>>,
+    why: Why,
+}
+
+enum Why {
+    /// Rule number `rule` refused, with `limit`; `remaining` tokens are left, and the request
+    /// could go in `retry`.
+    Limited {
+        rule: usize,
+        limit: Limit,
+        remaining: u32,
+        retry: Duration,
+        fields: Option<headers::Fields>,
+    },
+    /// The store could not decide.
+    Failed(StoreError),
+}
+
+impl<St> Refusal<St> {
+    /// The answer, for a request that speaks `protocol`.
+    pub(crate) fn answer(self, protocol: Protocol) -> Response<Bytes> {
+        match self.why {
+            Why::Limited {
+                rule,
+                limit,
+                remaining,
+                retry,
+                fields,
+            } => {
+                let name = self.config.rules[rule].bucket();
+                let limited = || RateLimited::new(retry, limit, name, remaining);
+                self.config
+                    .rejection
+                    .respond(protocol, retry, name, limited, fields)
+            }
+            Why::Failed(e) => rejection::store_failure(protocol, &e),
+        }
+    }
 }
 
 /// Checks every rule in order, taking (or reserving) tokens as it goes. When a rule refuses,
@@ -112,7 +156,6 @@ pub(crate) enum Verdict<St: BucketStore + Clone> {
 pub(crate) fn decide<St: BucketStore + Clone>(
     config: Arc<Config<St>>,
     plan: Few<Planned>,
-    protocol: Protocol,
 ) -> impl Future<Output = Verdict<St>> + Send {
     async move {
         // Made on the first tokens it must hold, so that a request that goes at once on one
@@ -180,14 +223,8 @@ pub(crate) fn decide<St: BucketStore + Clone>(
             // refund future held inline would make every request's future larger.
             Box::pin(guard.refund_all()).await;
         }
-        Verdict::Reject(refuse(
-            &config,
-            protocol,
-            plan,
-            taken.as_slice(),
-            p,
-            &outcome,
-        ))
+        let why = refuse(&config, plan, taken.as_slice(), p, outcome);
+        Verdict::Reject(Refusal { config, why })
     }
 }
 
@@ -233,24 +270,23 @@ fn admit<St: BucketStore + Clone>(
     }
 }
 
-/// The answer when rule `p` refused (or its store failed), after the rules in `applied` took
-/// their tokens and gave them back; the refusal reported.
+/// Why rule `p` refused (or its store failed), after the rules in `applied` took their tokens
+/// and gave them back; the refusal reported.
 fn refuse<St>(
     config: &Config<St>,
-    protocol: Protocol,
     plan: &[Planned],
     applied: &[Taken],
     p: &Planned,
-    outcome: &Result<Decision, StoreError>,
-) -> Response<Bytes> {
+    outcome: Result<Decision, StoreError>,
+) -> Why {
     match outcome {
         Ok(d) => {
-            observe(config, p, Outcome::Limited, d);
-            reject(config, protocol, plan, applied, p, d)
+            observe(config, p, Outcome::Limited, &d);
+            reject(config, plan, applied, p, &d)
         }
         Err(e) => {
-            observe_failure(config, p, e);
-            rejection::store_failure(protocol, e)
+            observe_failure(config, p, &e);
+            Why::Failed(e)
         }
     }
 }
@@ -392,13 +428,11 @@ fn observe_failure<St>(config: &Config<St>, p: &Planned, e: &StoreError) {
 /// tokens and gave them back.
 fn reject<St>(
     config: &Config<St>,
-    protocol: Protocol,
     plan: &[Planned],
     applied: &[Taken],
     p: &Planned,
     d: &Decision,
-) -> Response<Bytes> {
-    let retry = d.retry_after().unwrap_or(Duration::ZERO);
+) -> Why {
     let refusing = &config.rules[p.rule];
     let policy = || {
         policy(
@@ -422,9 +456,11 @@ fn reject<St>(
             }
         })
         .chain([denied]);
-    let fields = headers::fields(config.fields, policy, items);
-    let limited = || RateLimited::new(retry, p.limit, refusing.bucket(), d.remaining());
-    config
-        .rejection
-        .respond(protocol, retry, refusing.bucket(), limited, fields)
+    Why::Limited {
+        rule: p.rule,
+        limit: p.limit,
+        remaining: d.remaining(),
+        retry: d.retry_after().unwrap_or(Duration::ZERO),
+        fields: headers::fields(config.fields, policy, items),
+    }
 }

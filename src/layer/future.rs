@@ -10,6 +10,7 @@ use tower_service::Service;
 use super::body::ResponseBody;
 use super::decide::Verdict;
 use super::headers::Fields;
+use super::rejection::Protocol;
 use crate::BucketStore;
 use crate::cancel::RefundGuard;
 use crate::store::BoxFuture;
@@ -136,7 +137,11 @@ where
                             info,
                         } => (wait, guard, ratelimit, info),
                         // The request and the inner service are dropped where they are.
-                        Verdict::Reject(res) => {
+                        Verdict::Reject(refusal) => {
+                            let Some(req) = req.as_ref() else {
+                                panic!("{POLLED_AFTER_DONE}");
+                            };
+                            let res = refusal.answer(Protocol::of(req.headers()));
                             this.state.set(State::Done);
                             return Poll::Ready(Ok(res.map(ResponseBody::answer)));
                         }
