@@ -202,6 +202,11 @@ impl BucketKey {
         if let Some(digest) = digest {
             id.push('#');
             push_hex(&mut id, &digest);
+        } else if escaped_len == key.len()
+            && let Ok(text) = std::str::from_utf8(key)
+        {
+            // Nothing to escape, the usual case (an address, an account): copied at once.
+            id.push_str(text);
         } else {
             for &b in key {
                 if plain(b) {

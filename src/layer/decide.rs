@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::Response;
+use tracing::Level;
 
 use super::config::Config;
 use super::headers::{self, Item};
@@ -36,6 +37,12 @@ impl<T> Few<T> {
             *self = Self::One(item);
             return;
         }
+        self.push_more(item);
+    }
+
+    /// A second item or more, into a `Vec`: apart, so that the usual case stays small enough
+    /// to inline.
+    fn push_more(&mut self, item: T) {
         *self = match mem::take(self) {
             Self::Empty => Self::One(item),
             Self::One(first) => Self::Many(vec![first, item]),
@@ -54,26 +61,8 @@ impl<T> Few<T> {
         }
     }
 
-    fn len(&self) -> usize {
-        self.as_slice().len()
-    }
-
     pub(crate) fn is_empty(&self) -> bool {
         self.as_slice().is_empty()
-    }
-}
-
-impl<T> IntoIterator for Few<T> {
-    type Item = T;
-    type IntoIter = std::iter::Chain<std::option::IntoIter<T>, std::vec::IntoIter<T>>;
-
-    fn into_iter(self) -> Self::IntoIter {
-        let (one, many) = match self {
-            Self::Empty => (None, Vec::new()),
-            Self::One(item) => (Some(item), Vec::new()),
-            Self::Many(all) => (None, all),
-        };
-        one.into_iter().chain(many)
     }
 }
 
@@ -86,13 +75,12 @@ pub(crate) struct Planned {
 }
 
 /// A rule's decision on a request that is going on: admitted, or refused by a rule in shadow
-/// mode, whose refusal lets the request through.
+/// mode, whose refusal lets the request through. The request's plan keeps the key, cost and
+/// limit, so that the rule loop's future, boxed for every request, holds no copy of them.
 struct Taken {
-    rule: usize,
-    key: BucketKey,
+    /// The rule's place in the plan.
+    planned: usize,
     decision: Decision,
-    cost: u32,
-    limit: Limit,
 }
 
 /// What the rules decided for one request.
@@ -109,115 +97,167 @@ pub(crate) enum Verdict<St: BucketStore + Clone> {
     },
     /// Answered without calling the inner service: a rule refused (the rejection), or the store
     /// could not decide (503, or 500 for a misconfigured rule). Either way everything taken by
-    /// earlier rules has been given back, and the response future returns this answer.
-    Reject(Response<Bytes>),
+    /// earlier rules has been given back, and the response future returns the refusal's answer.
+    Reject(Refusal<St>),
+}
+
+/// A refused request, to be answered in the terms of its protocol ([`answer`](Self::answer)):
+/// the response future looks the protocol up in the request's headers, which an admitted
+/// request is spared.
+pub(crate) struct Refusal<St> {
+    config: Arc<Config<St>>,
+    why: Why,
+}
+
+enum Why {
+    /// Rule number `rule` refused, with `limit`; `remaining` tokens are left, and the request
+    /// could go in `retry`.
+    Limited {
+        rule: usize,
+        limit: Limit,
+        remaining: u32,
+        retry: Duration,
+        fields: Option<headers::Fields>,
+    },
+    /// The store could not decide.
+    Failed(StoreError),
+}
+
+impl<St> Refusal<St> {
+    /// The answer, for a request that speaks `protocol`.
+    pub(crate) fn answer(self, protocol: Protocol) -> Response<Bytes> {
+        match self.why {
+            Why::Limited {
+                rule,
+                limit,
+                remaining,
+                retry,
+                fields,
+            } => {
+                let name = self.config.rules[rule].bucket();
+                let limited = || RateLimited::new(retry, limit, name, remaining);
+                self.config
+                    .rejection
+                    .respond(protocol, retry, name, limited, fields)
+            }
+            Why::Failed(e) => rejection::store_failure(protocol, &e),
+        }
+    }
 }
 
 /// Checks every rule in order, taking (or reserving) tokens as it goes. When a rule refuses,
 /// the tokens taken by the rules before it are given back before answering, so a refused request
 /// spends nothing. A rule in shadow mode decides without waiting, and its refusal (or its store's
 /// failure) is reported, never acted on.
-pub(crate) async fn decide<St: BucketStore + Clone>(
+///
+/// An `async` block rather than an `async fn`, whose future would hold a second copy of its
+/// arguments: this future is built and boxed for every request.
+#[allow(clippy::manual_async_fn)] // see above
+pub(crate) fn decide<St: BucketStore + Clone>(
     config: Arc<Config<St>>,
     plan: Few<Planned>,
-    protocol: Protocol,
-) -> Verdict<St> {
-    // Made on the first tokens it must hold, so that a request that goes at once on one rule
-    // never clones the store for it.
-    let mut guard: Option<RefundGuard<St>> = None;
-    let mut taken: Few<Taken> = Few::default();
-    let mut wait = Duration::ZERO;
-    let mut refused = None;
-    let count = plan.len();
-    for (n, p) in plan.into_iter().enumerate() {
-        let rule = &config.rules[p.rule];
-        let shadow = config.shadow || rule.shadow;
-        // A shadow rule only reports: making a request wait would be acting on it.
-        let max_wait = if shadow {
-            Duration::ZERO
-        } else {
-            config.max_wait
-        };
-        let result = config
-            .store
-            .acquire(&p.key, p.limit, p.cost, max_wait)
-            .await;
-        match result {
-            Ok(d) if d.is_admitted() => {
-                tracing::debug!(
-                    bucket = rule.bucket(),
-                    key = %p.key.fingerprint(),
-                    remaining = d.remaining(),
-                    wait_ms = d.wait().as_millis() as u64,
-                    "admitted"
-                );
-                wait = wait.max(d.wait());
-                // The guard must hold these tokens across every later await: the next rule's
-                // store call, or the wait. Tokens of the last rule taken for a request that goes
-                // at once are spent before anything else runs, so they need no guard (and the
-                // guard no allocation).
-                if let Some(reservation) = d.reservation()
-                    && (n + 1 < count || !wait.is_zero())
-                {
-                    guard
-                        .get_or_insert_with(|| RefundGuard::new(config.store.clone()))
-                        .push(p.key.clone(), p.limit, reservation);
+) -> impl Future<Output = Verdict<St>> + Send {
+    async move {
+        // Made on the first tokens it must hold, so that a request that goes at once on one
+        // rule never clones the store for it.
+        let mut guard: Option<RefundGuard<St>> = None;
+        let mut taken: Few<Taken> = Few::default();
+        let mut wait = Duration::ZERO;
+        let plan = plan.as_slice();
+        // A block, so that the refusal is not held across the store calls.
+        let refused = 'rules: {
+            for (n, p) in plan.iter().enumerate() {
+                let rule = &config.rules[p.rule];
+                let shadow = config.shadow || rule.shadow;
+                // A shadow rule only reports: making a request wait would be acting on it.
+                let max_wait = if shadow {
+                    Duration::ZERO
+                } else {
+                    config.max_wait
+                };
+                let result = config
+                    .store
+                    .acquire(&p.key, p.limit, p.cost, max_wait)
+                    .await;
+                match result {
+                    Ok(d) if d.is_admitted() => {
+                        tracing::debug!(
+                            bucket = rule.bucket(),
+                            key = %p.key.fingerprint(),
+                            remaining = d.remaining(),
+                            wait_ms = d.wait().as_millis() as u64,
+                            "admitted"
+                        );
+                        wait = wait.max(d.wait());
+                        // The guard must hold these tokens across every later await: the next
+                        // rule's store call, or the wait. Tokens of the last rule taken for a
+                        // request that goes at once are spent before anything else runs, so they
+                        // need no guard (and the guard no allocation).
+                        if let Some(reservation) = d.reservation()
+                            && (n + 1 < plan.len() || !wait.is_zero())
+                        {
+                            guard
+                                .get_or_insert_with(|| RefundGuard::new(config.store.clone()))
+                                .push(p.key.clone(), p.limit, reservation);
+                        }
+                        taken.push(Taken {
+                            planned: n,
+                            decision: d,
+                        });
+                    }
+                    Ok(d) if shadow => taken.push(Taken {
+                        planned: n,
+                        decision: d,
+                    }),
+                    Err(e) if shadow => observe_failure(&config, p, &e),
+                    outcome => break 'rules Some((p, outcome)),
                 }
-                taken.push(Taken {
-                    rule: p.rule,
-                    key: p.key,
-                    decision: d,
-                    cost: p.cost,
-                    limit: p.limit,
-                });
             }
-            Ok(d) if shadow => taken.push(Taken {
-                rule: p.rule,
-                key: p.key,
-                decision: d,
-                cost: p.cost,
-                limit: p.limit,
-            }),
-            Err(e) if shadow => observe_failure(&config, &p, &e),
-            outcome => {
-                refused = Some((p, outcome));
-                break;
-            }
-        }
-    }
-    // One refund point after the loop, rather than one in each arm, keeps this future (boxed
-    // once per request) small.
-    if let Some((p, outcome)) = refused {
+            None
+        };
+        let Some((p, outcome)) = refused else {
+            return admit(&config, plan, taken.as_slice(), wait, guard);
+        };
         if let Some(guard) = &mut guard {
-            guard.refund_all().await;
+            // Boxed: only a refusal after earlier rules took tokens gets here, and the store's
+            // refund future held inline would make every request's future larger.
+            Box::pin(guard.refund_all()).await;
         }
-        return Verdict::Reject(match outcome {
-            Ok(d) => {
-                observe(&config, &p.key, p.rule, p.limit, Outcome::Limited, &d);
-                reject(&config, protocol, taken.as_slice(), &p, &d)
-            }
-            Err(e) => {
-                observe_failure(&config, &p, &e);
-                rejection::store_failure(protocol, &e)
-            }
-        });
+        let why = refuse(&config, plan, taken.as_slice(), p, outcome);
+        Verdict::Reject(Refusal { config, why })
     }
-    let applied = taken.as_slice();
+}
+
+/// The verdict on a request every rule admitted (or a shadow rule would have refused): each
+/// decision reported, and the fields and the info made.
+fn admit<St: BucketStore + Clone>(
+    config: &Config<St>,
+    plan: &[Planned],
+    applied: &[Taken],
+    wait: Duration,
+    guard: Option<RefundGuard<St>>,
+) -> Verdict<St> {
+    let planned = |t: &Taken| &plan[t.planned];
     for t in applied {
         let outcome = if t.decision.is_admitted() {
             Outcome::Admitted
         } else {
             Outcome::ShadowLimited
         };
-        observe(&config, &t.key, t.rule, t.limit, outcome, &t.decision);
+        observe(config, planned(t), outcome, &t.decision);
     }
     let ratelimit = if config.headers_on_success {
         headers::fields(
             config.fields,
-            || policy(&config, applied.iter().map(|t| (t.rule, t.limit))),
+            || {
+                policy(
+                    config,
+                    applied.iter().map(|t| (planned(t).rule, planned(t).limit)),
+                )
+            },
             applied
                 .iter()
-                .map(|t| Item::admitted(config.rules[t.rule].bucket(), &t.decision)),
+                .map(|t| Item::admitted(config.rules[planned(t).rule].bucket(), &t.decision)),
         )
     } else {
         None
@@ -226,17 +266,39 @@ pub(crate) async fn decide<St: BucketStore + Clone>(
         wait,
         guard,
         ratelimit,
-        info: info(&config, applied),
+        info: info(config, plan, applied),
+    }
+}
+
+/// Why rule `p` refused (or its store failed), after the rules in `applied` took their tokens
+/// and gave them back; the refusal reported.
+fn refuse<St>(
+    config: &Config<St>,
+    plan: &[Planned],
+    applied: &[Taken],
+    p: &Planned,
+    outcome: Result<Decision, StoreError>,
+) -> Why {
+    match outcome {
+        Ok(d) => {
+            observe(config, p, Outcome::Limited, &d);
+            reject(config, plan, applied, p, &d)
+        }
+        Err(e) => {
+            observe_failure(config, p, &e);
+            Why::Failed(e)
+        }
     }
 }
 
 /// The tightest rule's decision, for the handler; `None` when no rule decided (a shadow rule
 /// whose store failed).
-fn info<St>(config: &Config<St>, applied: &[Taken]) -> Option<RateLimitInfo> {
+fn info<St>(config: &Config<St>, plan: &[Planned], applied: &[Taken]) -> Option<RateLimitInfo> {
     let t = applied.iter().min_by_key(|t| t.decision.remaining())?;
+    let p = &plan[t.planned];
     Some(RateLimitInfo {
-        rule: config.rules[t.rule].bucket_name().clone(),
-        limit: t.limit,
+        rule: config.rules[p.rule].bucket_name().clone(),
+        limit: p.limit,
         remaining: t.decision.remaining(),
         resets_in: t.decision.resets_in(),
         shadow_limited: applied.iter().any(|t| !t.decision.is_admitted()),
@@ -260,22 +322,16 @@ fn policy<St>(
 }
 
 /// Counts, reports and (at most once per rule and period) logs one rule's decision.
-fn observe<St>(
-    config: &Config<St>,
-    key: &BucketKey,
-    rule: usize,
-    limit: Limit,
-    outcome: Outcome,
-    d: &Decision,
-) {
-    let r = &config.rules[rule];
+fn observe<St>(config: &Config<St>, p: &Planned, outcome: Outcome, d: &Decision) {
+    let r = &config.rules[p.rule];
+    let key = &p.key;
     r.observer.count(r.bucket(), outcome);
     if let Some(hook) = &config.on_decision {
         hook(&DecisionEvent {
             rule: r.bucket(),
             outcome,
             key,
-            limit,
+            limit: p.limit,
             remaining: d.remaining(),
             wait: d.wait(),
             retry_after: d.retry_after(),
@@ -293,7 +349,11 @@ fn observe<St>(
         outcome = outcome.as_str(),
         "rate limited"
     );
-    if let Some(suppressed) = r.observer.limited.admit() {
+    // The gate is asked only when a subscriber wants the event: it reads the clock and writes
+    // atomics shared by every request of the rule, and a refused request is a hot path too.
+    if tracing::enabled!(Level::INFO)
+        && let Some(suppressed) = r.observer.limited.admit()
+    {
         let retry_ms = d.retry_after().unwrap_or_default().as_millis() as u64;
         if outcome == Outcome::ShadowLimited {
             tracing::info!(
@@ -336,8 +396,11 @@ fn observe_failure<St>(config: &Config<St>, p: &Planned, e: &StoreError) {
         StoreError::Unavailable { .. } => {
             tracing::debug!(bucket = r.bucket(), error = %e, "rate limit store unavailable");
         }
+        // The gate asked only when a subscriber wants the event, as for a refusal.
         StoreError::ZeroCost | StoreError::CostAboveBurst { .. } => {
-            if let Some(suppressed) = r.observer.failed.admit() {
+            if tracing::enabled!(Level::ERROR)
+                && let Some(suppressed) = r.observer.failed.admit()
+            {
                 tracing::error!(
                     bucket = r.bucket(),
                     error = %e,
@@ -347,7 +410,9 @@ fn observe_failure<St>(config: &Config<St>, p: &Planned, e: &StoreError) {
             }
         }
         _ => {
-            if let Some(suppressed) = r.observer.failed.admit() {
+            if tracing::enabled!(Level::ERROR)
+                && let Some(suppressed) = r.observer.failed.admit()
+            {
                 tracing::error!(
                     bucket = r.bucket(),
                     error = %e,
@@ -363,19 +428,18 @@ fn observe_failure<St>(config: &Config<St>, p: &Planned, e: &StoreError) {
 /// tokens and gave them back.
 fn reject<St>(
     config: &Config<St>,
-    protocol: Protocol,
+    plan: &[Planned],
     applied: &[Taken],
     p: &Planned,
     d: &Decision,
-) -> Response<Bytes> {
-    let retry = d.retry_after().unwrap_or(Duration::ZERO);
+) -> Why {
     let refusing = &config.rules[p.rule];
     let policy = || {
         policy(
             config,
             applied
                 .iter()
-                .map(|t| (t.rule, t.limit))
+                .map(|t| (plan[t.planned].rule, plan[t.planned].limit))
                 .chain([(p.rule, p.limit)]),
         )
     };
@@ -383,17 +447,20 @@ fn reject<St>(
     let items = applied
         .iter()
         .map(|t| {
-            let name = config.rules[t.rule].bucket();
+            let planned = &plan[t.planned];
+            let name = config.rules[planned.rule].bucket();
             if t.decision.is_admitted() {
-                Item::refunded(name, &t.decision, t.cost)
+                Item::refunded(name, &t.decision, planned.cost)
             } else {
                 Item::admitted(name, &t.decision)
             }
         })
         .chain([denied]);
-    let fields = headers::fields(config.fields, policy, items);
-    let limited = || RateLimited::new(retry, p.limit, refusing.bucket(), d.remaining());
-    config
-        .rejection
-        .respond(protocol, retry, refusing.bucket(), limited, fields)
+    Why::Limited {
+        rule: p.rule,
+        limit: p.limit,
+        remaining: d.remaining(),
+        retry: d.retry_after().unwrap_or(Duration::ZERO),
+        fields: headers::fields(config.fields, policy, items),
+    }
 }

@@ -10,6 +10,7 @@ use tower_service::Service;
 use super::body::ResponseBody;
 use super::decide::Verdict;
 use super::headers::Fields;
+use super::rejection::Protocol;
 use crate::BucketStore;
 use crate::cancel::RefundGuard;
 use crate::store::BoxFuture;
@@ -128,48 +129,44 @@ where
                     inner,
                     req,
                 } => {
-                    let verdict = ready!(decision.as_mut().poll(cx));
-                    let (Some(mut inner), Some(mut req)) = (inner.take(), req.take()) else {
-                        panic!("{POLLED_AFTER_DONE}");
-                    };
-                    match verdict {
+                    let (wait, guard, ratelimit, info) = match ready!(decision.as_mut().poll(cx)) {
                         Verdict::Admit {
                             wait,
                             guard,
                             ratelimit,
                             info,
-                        } if wait.is_zero() => {
-                            if let Some(info) = info {
-                                req.extensions_mut().insert(info);
-                            }
-                            if let Some(guard) = guard {
-                                guard.disarm();
-                            }
-                            let fut = inner.call(req);
-                            this.state.set(State::Calling { fut, ratelimit });
-                        }
-                        Verdict::Admit {
-                            wait,
-                            guard,
-                            ratelimit,
-                            info,
-                        } => {
-                            if let Some(info) = info {
-                                req.extensions_mut().insert(info);
-                            }
-                            let parked = Box::pin(Parked {
-                                sleep: tokio::time::sleep(wait),
-                                guard,
-                                inner: Some(inner),
-                                req: Some(req),
-                                ratelimit,
-                            });
-                            this.state.set(State::Waiting { parked });
-                        }
-                        Verdict::Reject(res) => {
+                        } => (wait, guard, ratelimit, info),
+                        // The request and the inner service are dropped where they are.
+                        Verdict::Reject(refusal) => {
+                            let Some(req) = req.as_ref() else {
+                                panic!("{POLLED_AFTER_DONE}");
+                            };
+                            let res = refusal.answer(Protocol::of(req.headers()));
                             this.state.set(State::Done);
                             return Poll::Ready(Ok(res.map(ResponseBody::answer)));
                         }
+                    };
+                    let (Some(mut inner), Some(mut req)) = (inner.take(), req.take()) else {
+                        panic!("{POLLED_AFTER_DONE}");
+                    };
+                    if let Some(info) = info {
+                        req.extensions_mut().insert(info);
+                    }
+                    if wait.is_zero() {
+                        if let Some(guard) = guard {
+                            guard.disarm();
+                        }
+                        let fut = inner.call(req);
+                        this.state.set(State::Calling { fut, ratelimit });
+                    } else {
+                        let parked = Box::pin(Parked {
+                            sleep: tokio::time::sleep(wait),
+                            guard,
+                            inner: Some(inner),
+                            req: Some(req),
+                            ratelimit,
+                        });
+                        this.state.set(State::Waiting { parked });
                     }
                 }
                 StateProj::Waiting { parked } => {

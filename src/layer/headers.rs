@@ -375,6 +375,7 @@ pub(crate) fn fields<'a>(
 
 impl Fields {
     /// Inserts the fields into `headers`, replacing any of the same names.
+    #[inline]
     pub(crate) fn insert_into(self, headers: &mut HeaderMap) {
         match self {
             Self::Draft10 { policy, ratelimit } => {
@@ -385,21 +386,25 @@ impl Fields {
                 limit,
                 remaining,
                 reset_secs,
-            } => {
-                let (q, w) = quota(limit);
-                let mut policy = Text::new();
-                policy.push_u64(q);
-                policy.push(b";w=");
-                policy.push_u64(w);
-                if let Some(policy) = policy.header_value() {
-                    headers.insert(RATELIMIT_POLICY.clone(), policy);
-                }
-                headers.insert(RATELIMIT_LIMIT.clone(), HeaderValue::from(q));
-                headers.insert(RATELIMIT_REMAINING.clone(), HeaderValue::from(remaining));
-                headers.insert(RATELIMIT_RESET.clone(), HeaderValue::from(reset_secs));
-            }
+            } => insert_draft06(headers, limit, remaining, reset_secs),
         }
     }
+}
+
+/// The draft-06 fields, written out. Apart from the default's two inserts, so that writing
+/// those, on every admitted response, does not set up the room this text needs.
+fn insert_draft06(headers: &mut HeaderMap, limit: Limit, remaining: u32, reset_secs: u64) {
+    let (q, w) = quota(limit);
+    let mut policy = Text::new();
+    policy.push_u64(q);
+    policy.push(b";w=");
+    policy.push_u64(w);
+    if let Some(policy) = policy.header_value() {
+        headers.insert(RATELIMIT_POLICY.clone(), policy);
+    }
+    headers.insert(RATELIMIT_LIMIT.clone(), HeaderValue::from(q));
+    headers.insert(RATELIMIT_REMAINING.clone(), HeaderValue::from(remaining));
+    headers.insert(RATELIMIT_RESET.clone(), HeaderValue::from(reset_secs));
 }
 
 #[cfg(test)]

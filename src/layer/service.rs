@@ -71,8 +71,7 @@ where
         if plan.is_empty() {
             return ResponseFuture::call(inner, req, None);
         }
-        let protocol = Protocol::of(req.headers());
-        let decision = Box::pin(decide(Arc::clone(&self.config), plan, protocol));
+        let decision = Box::pin(decide(Arc::clone(&self.config), plan));
         ResponseFuture::decide(decision, inner, req)
     }
 }
