@@ -159,11 +159,16 @@ async fn a_tonic_peer_is_keyed_by_its_address() {
         .await
         .expect_err("the same peer, over its limit");
     assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
-    let pushback = status
+    let pushback: u64 = status
         .metadata()
         .get("grpc-retry-pushback-ms")
-        .expect("the retry pushback");
-    assert!(!pushback.is_empty());
+        .expect("the retry pushback")
+        .to_str()
+        .expect("ASCII")
+        .parse()
+        .expect("milliseconds");
+    // The peer's next token: a minute less the time since its first call.
+    assert!((50_000..=60_000).contains(&pushback), "{pushback}");
 }
 
 #[tokio::test]

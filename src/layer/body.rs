@@ -14,9 +14,9 @@ pin_project! {
     /// request went through, or the layer's own answer (a 429's text or problem details, a
     /// failure's text, nothing for gRPC) when it did not.
     ///
-    /// A wrapper rather than a bound on the inner body, so that the layer works over any body
-    /// that implements [`http_body::Body`]: axum's, hyper's, tonic's, a `String`. It is a
-    /// [`Body`] whenever the inner one is, with the same error type; axum, hyper and tonic
+    /// A wrapper rather than a bound on the inner body, so that the layer works over any
+    /// [`http_body::Body`] whose data is [`Bytes`]: axum's, hyper's, tonic's, a `String`. It is
+    /// a [`Body`] whenever the inner one is, with the same error type; axum, hyper and tonic
     /// serve it as they are.
     ///
     /// To read a response in a test, collect it (`http_body_util::BodyExt::collect`), or take

@@ -141,7 +141,8 @@ where
                             let Some(req) = req.as_ref() else {
                                 panic!("{POLLED_AFTER_DONE}");
                             };
-                            let res = refusal.answer(Protocol::of(req.headers()));
+                            let protocol = Protocol::of(req.method(), req.version(), req.headers());
+                            let res = refusal.answer(protocol);
                             this.state.set(State::Done);
                             return Poll::Ready(Ok(res.map(ResponseBody::answer)));
                         }

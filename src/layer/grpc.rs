@@ -7,8 +7,9 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+use http::header::CACHE_CONTROL;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
-use http::{HeaderMap, HeaderName, HeaderValue, Response};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Response, Version};
 
 use super::headers::ceil_secs;
 
@@ -17,18 +18,33 @@ static GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
 /// The server's pushback of gRPC's retry design (gRFC A6): milliseconds before a retry.
 static GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
 
-/// Whether a request is a gRPC call: its content type is `application/grpc`, alone or with a
-/// subtype (`+proto`, `+json`), or gRPC-Web's (`application/grpc-web`, `-web-text`), whose
-/// clients read a trailers-only answer the same way.
-pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
-    let Some(value) = headers.get(CONTENT_TYPE) else {
-        return false;
+/// The content type a gRPC call is answered in, when the request is one: a POST whose content
+/// type is `application/grpc` (alone, with a subtype such as `+proto`, or with parameters) over
+/// HTTP/2, answered `application/grpc`; or a gRPC-Web call (`application/grpc-web`,
+/// `application/grpc-web-text`, with or without a subtype), over any HTTP version, answered in
+/// its own content type. Anything else, a GET with a gRPC content type or "gRPC" over
+/// HTTP/1.1 included, is an HTTP request, refused with an HTTP status: the 200 of a gRPC
+/// refusal is for gRPC clients, and a client cannot ask for it with a header alone.
+pub(crate) fn content_type(
+    method: &Method,
+    version: Version,
+    headers: &HeaderMap,
+) -> Option<HeaderValue> {
+    if method != Method::POST {
+        return None;
+    }
+    let value = headers.get(CONTENT_TYPE)?;
+    let bytes = value.as_bytes();
+    let is = |prefix: &[u8]| {
+        bytes.len() >= prefix.len()
+            && bytes[..prefix.len()].eq_ignore_ascii_case(prefix)
+            && matches!(bytes.get(prefix.len()), None | Some(b'+' | b';'))
     };
-    let value = value.as_bytes();
-    let prefix = b"application/grpc";
-    value.len() >= prefix.len()
-        && value[..prefix.len()].eq_ignore_ascii_case(prefix)
-        && matches!(value.get(prefix.len()), None | Some(b'+' | b'-' | b';'))
+    if is(b"application/grpc-web") || is(b"application/grpc-web-text") {
+        return Some(value.clone());
+    }
+    (is(b"application/grpc") && version == Version::HTTP_2)
+        .then(|| HeaderValue::from_static("application/grpc"))
 }
 
 /// The gRPC status codes the layer answers with.
@@ -44,11 +60,18 @@ pub(crate) enum Code {
     Unavailable = 14,
 }
 
-/// A trailers-only gRPC answer: `code` and `message`, and when the call may be retried.
-pub(crate) fn answer(code: Code, message: &[u8], retry: Option<Duration>) -> Response<Bytes> {
+/// A trailers-only gRPC answer in `content_type`: `code` and `message`, and when the call may be
+/// retried. Never stored by a cache: it is a refusal, whatever its HTTP status says.
+pub(crate) fn answer(
+    content_type: HeaderValue,
+    code: Code,
+    message: &[u8],
+    retry: Option<Duration>,
+) -> Response<Bytes> {
     let mut res = Response::new(Bytes::new());
     let headers = res.headers_mut();
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    headers.insert(CONTENT_TYPE, content_type);
+    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
     headers.insert(GRPC_STATUS.clone(), HeaderValue::from(code as u16));
     if let Ok(message) = HeaderValue::from_bytes(&percent_encode(message)) {
         headers.insert(GRPC_MESSAGE.clone(), message);
@@ -86,34 +109,57 @@ mod tests {
         headers
     }
 
+    fn grpc() -> HeaderValue {
+        HeaderValue::from_static("application/grpc")
+    }
+
     #[test]
-    fn grpc_calls_are_told_apart_by_their_content_type() {
-        for grpc in [
+    fn grpc_calls_are_told_apart_by_method_version_and_content_type() {
+        let h2 = |value| content_type(&Method::POST, Version::HTTP_2, &with_type(value));
+        for native in [
             "application/grpc",
             "application/grpc+proto",
             "application/grpc+json",
             "Application/GRPC",
-            "application/grpc-web",
-            "application/grpc-web-text+proto",
             "application/grpc;charset=utf-8",
         ] {
-            assert!(is_grpc(&with_type(grpc)), "{grpc}");
+            assert_eq!(h2(native), Some(grpc()), "{native}");
+        }
+        // gRPC-Web, over any version, answered in its own content type.
+        for web in [
+            "application/grpc-web",
+            "application/grpc-web+proto",
+            "application/grpc-web-text",
+            "application/grpc-web-text+proto",
+        ] {
+            let h1 = content_type(&Method::POST, Version::HTTP_11, &with_type(web));
+            assert_eq!(h1, Some(HeaderValue::from_static(web)), "{web}");
         }
         for other in [
             "application/json",
             "application/grpcx",
+            "application/grpc-",
+            "application/grpc-foo",
             "application/grp",
             "text/plain",
             "",
         ] {
-            assert!(!is_grpc(&with_type(other)), "{other}");
+            assert_eq!(h2(other), None, "{other}");
         }
-        assert!(!is_grpc(&HeaderMap::new()));
+        assert_eq!(
+            content_type(&Method::POST, Version::HTTP_2, &HeaderMap::new()),
+            None
+        );
+        // A client cannot ask for a 200 with a header: not on a GET, not over HTTP/1.1.
+        let native = with_type("application/grpc");
+        assert_eq!(content_type(&Method::GET, Version::HTTP_2, &native), None);
+        assert_eq!(content_type(&Method::POST, Version::HTTP_11, &native), None);
     }
 
     #[test]
     fn a_rejection_is_a_trailers_only_resource_exhausted() {
         let res = answer(
+            grpc(),
             Code::ResourceExhausted,
             b"rate limited: retry after 2 s",
             Some(Duration::from_millis(1500)),
@@ -122,6 +168,7 @@ mod tests {
         assert!(res.body().is_empty());
         let h = res.headers();
         assert_eq!(h["content-type"], "application/grpc");
+        assert_eq!(h["cache-control"], "no-store");
         assert_eq!(h["grpc-status"], "8");
         assert_eq!(h["grpc-message"], "rate limited: retry after 2 s");
         assert_eq!(h["retry-after"], "2");
@@ -130,7 +177,7 @@ mod tests {
 
     #[test]
     fn a_failure_without_a_retry_time_has_no_pushback() {
-        let res = answer(Code::Unavailable, b"rate limiter unavailable", None);
+        let res = answer(grpc(), Code::Unavailable, b"rate limiter unavailable", None);
         assert_eq!(res.headers()["grpc-status"], "14");
         assert!(!res.headers().contains_key("retry-after"));
         assert!(!res.headers().contains_key("grpc-retry-pushback-ms"));
@@ -139,6 +186,7 @@ mod tests {
     #[test]
     fn the_pushback_is_rounded_up_and_never_zero() {
         let res = answer(
+            grpc(),
             Code::ResourceExhausted,
             b"m",
             Some(Duration::from_micros(1)),
@@ -146,6 +194,7 @@ mod tests {
         assert_eq!(res.headers()["grpc-retry-pushback-ms"], "1");
         assert_eq!(res.headers()["retry-after"], "1");
         let res = answer(
+            grpc(),
             Code::ResourceExhausted,
             b"m",
             Some(Duration::from_micros(2_000_001)),
@@ -159,7 +208,7 @@ mod tests {
         assert_eq!(percent_encode(b"100% of 5 s"), b"100%25 of 5 s");
         assert_eq!(percent_encode(b"a\nb"), b"a%0Ab");
         assert_eq!(percent_encode("é".as_bytes()), b"%C3%A9");
-        let res = answer(Code::Internal, b"quota\n100%", None);
+        let res = answer(grpc(), Code::Internal, b"quota\n100%", None);
         assert_eq!(res.headers()["grpc-message"], "quota%0A100%25");
     }
 }

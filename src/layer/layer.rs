@@ -114,8 +114,10 @@ impl<St: BucketStore + Clone> RateLimitLayer<St> {
 
     /// Answers a refused HTTP request with the `quota-exceeded` problem details that
     /// draft-ietf-httpapi-ratelimit-headers registers (RFC 9457, `application/problem+json`)
-    /// instead of a line of text; `false` goes back to the text. It names the rule that refused
-    /// as the violated policy, the name its `RateLimit` item carries:
+    /// instead of a line of text; `false` goes back to the text, unless a
+    /// [`rejection_body`](Self::rejection_body) was set since. It names the rule that refused
+    /// as the violated policy, by its bucket name, the name its `RateLimit` item carries with
+    /// the default fields:
     ///
     /// ```json
     /// {"type":"https://iana.org/assignments/http-problem-types#quota-exceeded",
@@ -127,11 +129,12 @@ impl<St: BucketStore + Clone> RateLimitLayer<St> {
     /// terms either way.
     #[must_use]
     pub fn problem_details(mut self, on: bool) -> Self {
-        Arc::make_mut(&mut self.config).rejection.body = if on {
-            RejectionBody::Problem
-        } else {
-            RejectionBody::Text
-        };
+        let body = &mut Arc::make_mut(&mut self.config).rejection.body;
+        match (on, &body) {
+            (true, _) => *body = RejectionBody::Problem,
+            (false, RejectionBody::Problem) => *body = RejectionBody::Text,
+            (false, _) => {}
+        }
         self
     }
 }

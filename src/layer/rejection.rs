@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
-use http::{HeaderMap, HeaderValue, Response, StatusCode};
+use http::{HeaderMap, HeaderValue, Method, Response, StatusCode, Version};
 
 use super::grpc::{self, Code};
 use super::headers::{Fields, ceil_secs, decimal};
@@ -16,19 +16,19 @@ use crate::{RateLimited, StoreError};
 
 type BodyFn = Arc<dyn Fn(&RateLimited) -> String + Send + Sync>;
 
-/// How the request being answered speaks: a gRPC call must be answered in gRPC's terms.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How the request being answered speaks: a gRPC call must be answered in gRPC's terms, in the
+/// content type it holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Protocol {
     Http,
-    Grpc,
+    Grpc(HeaderValue),
 }
 
 impl Protocol {
-    pub(crate) fn of(headers: &HeaderMap) -> Self {
-        if grpc::is_grpc(headers) {
-            Self::Grpc
-        } else {
-            Self::Http
+    pub(crate) fn of(method: &Method, version: Version, headers: &HeaderMap) -> Self {
+        match grpc::content_type(method, version, headers) {
+            Some(content_type) => Self::Grpc(content_type),
+            None => Self::Http,
         }
     }
 }
@@ -95,12 +95,17 @@ impl Rejection {
         let mut res = match protocol {
             // The status must stay 200 for a gRPC client to read the gRPC status; a custom body
             // becomes the status message.
-            Protocol::Grpc => {
+            Protocol::Grpc(content_type) => {
                 let message = match &self.body {
                     RejectionBody::Custom(f) => f(&limited()).into_bytes(),
                     RejectionBody::Text | RejectionBody::Problem => text(""),
                 };
-                grpc::answer(Code::ResourceExhausted, &message, Some(retry_after))
+                grpc::answer(
+                    content_type,
+                    Code::ResourceExhausted,
+                    &message,
+                    Some(retry_after),
+                )
             }
             Protocol::Http => {
                 let (body, content_type) = match &self.body {
@@ -156,13 +161,13 @@ pub(crate) fn failure(
     message: &str,
     retry: Option<Duration>,
 ) -> Response<Bytes> {
-    if protocol == Protocol::Grpc {
+    if let Protocol::Grpc(content_type) = protocol {
         let code = match status {
             StatusCode::SERVICE_UNAVAILABLE => Code::Unavailable,
             s if s.is_client_error() => Code::InvalidArgument,
             _ => Code::Internal,
         };
-        return grpc::answer(code, message.as_bytes(), retry);
+        return grpc::answer(content_type, code, message.as_bytes(), retry);
     }
     let mut res = Response::new(Bytes::from(format!("{message}\n")));
     *res.status_mut() = status;
@@ -216,6 +221,10 @@ pub(crate) fn store_failure(protocol: Protocol, e: &StoreError) -> Response<Byte
 mod tests {
     use super::*;
 
+    fn grpc_call() -> Protocol {
+        Protocol::Grpc(HeaderValue::from_static("application/grpc"))
+    }
+
     #[test]
     fn the_problem_details_are_the_drafts_quota_exceeded() {
         let rejection = Rejection {
@@ -255,7 +264,7 @@ mod tests {
             .headers
             .insert("x-why", HeaderValue::from_static("quota"));
         let res = rejection.respond(
-            Protocol::Grpc,
+            grpc_call(),
             Duration::from_secs(3),
             "per-key",
             || unreachable!(),
@@ -275,25 +284,19 @@ mod tests {
     #[test]
     fn failures_map_to_grpc_codes() {
         let code = |res: Response<Bytes>| res.headers()["grpc-status"].clone();
+        assert_eq!(code(missing_key(grpc_call(), StatusCode::BAD_REQUEST)), "3");
         assert_eq!(
-            code(missing_key(Protocol::Grpc, StatusCode::BAD_REQUEST)),
-            "3"
-        );
-        assert_eq!(
-            code(missing_key(
-                Protocol::Grpc,
-                StatusCode::INTERNAL_SERVER_ERROR
-            )),
+            code(missing_key(grpc_call(), StatusCode::INTERNAL_SERVER_ERROR)),
             "13"
         );
         assert_eq!(
-            code(store_failure(Protocol::Grpc, &StoreError::ZeroCost)),
+            code(store_failure(grpc_call(), &StoreError::ZeroCost)),
             "13"
         );
         let open = StoreError::Unavailable {
             retry_in: Duration::from_millis(250),
         };
-        let res = store_failure(Protocol::Grpc, &open);
+        let res = store_failure(grpc_call(), &open);
         assert_eq!(res.headers()["grpc-status"], "14");
         assert_eq!(res.headers()["grpc-retry-pushback-ms"], "250");
         let res = store_failure(Protocol::Http, &open);

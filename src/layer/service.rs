@@ -59,7 +59,7 @@ where
                 // Before any store call, so a refused request has taken no tokens. The inner
                 // service stays here, ready, for the next request.
                 Plan::Refuse(status) => {
-                    let protocol = Protocol::of(&parts.headers);
+                    let protocol = Protocol::of(&parts.method, parts.version, &parts.headers);
                     return ResponseFuture::answer(rejection::missing_key(protocol, status));
                 }
             }

@@ -13,10 +13,13 @@ use crate::{RateLimited, StoreError};
 /// [`RateLimitMiddleware`](super::RateLimitMiddleware). reqwest-retry's default strategy takes
 /// every middleware error for fatal; this one tells them apart:
 ///
-/// - The local 429 ([`RateLimited`]): transient by default, so the retry passes through the
-///   limiter again and waits the rest of its turn there (up to the middleware's `max_wait`); or
-///   fatal, with [`local_429`](Self::local_429), for a caller that would rather reschedule the
-///   work itself.
+/// - The local 429 ([`RateLimited`]): transient by default, so the retry, on reqwest-retry's
+///   own schedule (which does not read the local 429's `retry_after`), passes through the
+///   limiter again and waits its turn there if that is within the middleware's `max_wait`, or
+///   meets the local 429 again; or fatal, with [`local_429`](Self::local_429), for a caller that
+///   would rather reschedule the work itself, at the `retry_after` the error gives (a
+///   [`Ticket`](super::Ticket) books it). On a slow route ("1 per minute") whose ceiling the
+///   retries' backoff does not reach, prefer `Fail`.
 /// - A store that failed, timed out, is unavailable behind its circuit breaker, or is a
 ///   `MemoryStore` full of buckets in debt: transient.
 /// - A misconfigured cost or a bucket key someone else wrote: fatal, since no retry can change
