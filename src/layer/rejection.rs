@@ -92,49 +92,49 @@ impl Rejection {
             body.extend_from_slice(end.as_bytes());
             body
         };
-        let mut res = match protocol {
-            // The status must stay 200 for a gRPC client to read the gRPC status; a custom body
-            // becomes the status message.
-            Protocol::Grpc(content_type) => {
-                let message = match &self.body {
-                    RejectionBody::Custom(f) => f(&limited()).into_bytes(),
-                    RejectionBody::Text | RejectionBody::Problem => text(""),
-                };
-                grpc::answer(
-                    content_type,
-                    Code::ResourceExhausted,
-                    &message,
-                    Some(retry_after),
-                )
-            }
-            Protocol::Http => {
-                let (body, content_type) = match &self.body {
-                    RejectionBody::Text => (text("\n"), "text/plain; charset=utf-8"),
-                    RejectionBody::Problem => (
-                        problem(self.status, secs, rule).into_bytes(),
-                        "application/problem+json",
-                    ),
-                    RejectionBody::Custom(f) => {
-                        (f(&limited()).into_bytes(), "text/plain; charset=utf-8")
-                    }
-                };
-                let mut res = Response::new(Bytes::from(body));
-                *res.status_mut() = self.status;
-                let headers = res.headers_mut();
-                headers.reserve(4 + self.headers.len());
-                headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
-                headers.insert(RETRY_AFTER, HeaderValue::from(secs));
-                res
-            }
+        // The status must stay 200 for a gRPC client to read the gRPC status; a custom body
+        // becomes the status message.
+        if let Protocol::Grpc(content_type) = protocol {
+            let message = match &self.body {
+                RejectionBody::Custom(f) => f(&limited()).into_bytes(),
+                RejectionBody::Text | RejectionBody::Problem => text(""),
+            };
+            let mut res = grpc::answer(
+                content_type,
+                Code::ResourceExhausted,
+                &message,
+                Some(retry_after),
+            );
+            self.add_headers(res.headers_mut(), fields);
+            return res;
+        }
+        let (body, content_type) = match &self.body {
+            RejectionBody::Text => (text("\n"), "text/plain; charset=utf-8"),
+            RejectionBody::Problem => (
+                problem(self.status, secs, rule).into_bytes(),
+                "application/problem+json",
+            ),
+            RejectionBody::Custom(f) => (f(&limited()).into_bytes(), "text/plain; charset=utf-8"),
         };
+        // Built in place, once: a response moved out of a match is a copy of its whole head.
+        let mut res = Response::new(Bytes::from(body));
+        *res.status_mut() = self.status;
         let headers = res.headers_mut();
+        headers.reserve(4 + self.headers.len());
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+        headers.insert(RETRY_AFTER, HeaderValue::from(secs));
+        self.add_headers(headers, fields);
+        res
+    }
+
+    /// The rate-limit fields and the application's own headers, on a rejection.
+    fn add_headers(&self, headers: &mut HeaderMap, fields: Option<Fields>) {
         if let Some(fields) = fields {
             fields.insert_into(headers);
         }
         for (name, value) in &self.headers {
             headers.insert(name.clone(), value.clone());
         }
-        res
     }
 }
 
