@@ -387,6 +387,20 @@ pub(crate) fn peek(p: &Params, state: Option<State>, now: u64) -> Outcome {
     }
 }
 
+/// The answer of an operation that changed nothing (a refund that gave nothing back, a block
+/// whose deadline is not ahead, a lowering to more than the bucket holds): what the bucket holds,
+/// and no write, unless a stored time far ahead was moved back (`clamped`).
+fn unchanged(p: &Params, s: State, avail: f64, ts: f64, clamped: bool) -> (Outcome, Option<Write>) {
+    let outcome = Outcome {
+        allowed: false,
+        wait: 0,
+        remaining: whole_tokens(avail),
+        reset: whole(max(0.0, ready_at(p, s.t, s.ts, p.capacity) - ts)),
+        at: whole(ts),
+    };
+    (outcome, clamped.then(|| write(p, s.t, s.ts)))
+}
+
 /// Gives back the `cost` tokens of a reservation whose slot was `ready` (milliseconds on the
 /// stored times' timeline), never above capacity, but only where no other reservation could
 /// lose its slot by it: the outcome is allowed when the tokens went back.
@@ -424,14 +438,7 @@ pub(crate) fn refund(
         let w = write(p, min(p.capacity, avail + cost), ts);
         return (w.outcome(), Some(w));
     }
-    let outcome = Outcome {
-        allowed: false,
-        wait: 0,
-        remaining: whole_tokens(avail),
-        reset: whole(max(0.0, ready_at(p, s.t, s.ts, p.capacity) - ts)),
-        at: whole(ts),
-    };
-    (outcome, clamped.then(|| write(p, s.t, s.ts)))
+    unchanged(p, s, avail, ts, clamped)
 }
 
 /// Empties the bucket until `until`: nothing is available before it, and the first token is due
@@ -497,14 +504,7 @@ pub(crate) fn lower(
         let w = write(p, tokens + (avail - whole), ts);
         return (w.outcome(), Some(w));
     }
-    let outcome = Outcome {
-        allowed: false,
-        wait: 0,
-        remaining: whole_tokens(avail),
-        reset: whole(max(0.0, ready_at(p, s.t, s.ts, p.capacity) - ts)),
-        at: whole(ts),
-    };
-    (outcome, clamped.then(|| write(p, s.t, s.ts)))
+    unchanged(p, s, avail, ts, clamped)
 }
 
 /// Blocks the bucket until `until`: no token is available before it, and the first one is
@@ -532,14 +532,7 @@ pub(crate) fn block_until(
         let w = write(p, min(avail, block_floor(p, ts, until)), ts);
         return (w.outcome(), Some(w));
     }
-    let outcome = Outcome {
-        allowed: false,
-        wait: 0,
-        remaining: whole_tokens(avail),
-        reset: whole(max(0.0, ready_at(p, s.t, s.ts, p.capacity) - ts)),
-        at: whole(ts),
-    };
-    (outcome, clamped.then(|| write(p, s.t, s.ts)))
+    unchanged(p, s, avail, ts, clamped)
 }
 
 /// The deadline of a block at `ts`, taken as at most [`MAX_WAIT`] ahead; `None` when it is not

@@ -279,6 +279,7 @@ pub mod middleware;
 #[cfg_attr(docsrs, doc(cfg(feature = "seller")))]
 pub mod seller;
 mod store;
+mod text;
 
 #[cfg(feature = "quanta")]
 #[cfg_attr(docsrs, doc(cfg(feature = "quanta")))]

@@ -358,37 +358,7 @@ fn number<T: FromStr>(text: &str) -> Option<T> {
     text.parse().ok()
 }
 
-#[cfg(feature = "serde")]
-#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
-impl serde::Serialize for Limit {
-    /// The canonical text form, as [`Display`](fmt::Display) writes it.
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
-    }
-}
-
-#[cfg(feature = "serde")]
-#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
-impl<'de> serde::Deserialize<'de> for Limit {
-    /// The text form, as [`FromStr`] reads it; a text it refuses is an error with its message.
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Text;
-
-        impl serde::de::Visitor<'_> for Text {
-            type Value = Limit;
-
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a limit such as \"10/s burst 20\"")
-            }
-
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Limit, E> {
-                v.parse().map_err(E::custom)
-            }
-        }
-
-        deserializer.deserialize_str(Text)
-    }
-}
+crate::text::serde_as_text!(Limit, "a limit such as \"10/s burst 20\"");
 
 #[cfg(test)]
 mod tests {

@@ -121,37 +121,7 @@ impl fmt::Debug for Ticket {
     }
 }
 
-#[cfg(feature = "serde")]
-#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
-impl serde::Serialize for Ticket {
-    /// The text form, as [`Display`](fmt::Display) writes it.
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
-    }
-}
-
-#[cfg(feature = "serde")]
-#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
-impl<'de> serde::Deserialize<'de> for Ticket {
-    /// The text form, as [`FromStr`] reads it.
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Text;
-
-        impl serde::de::Visitor<'_> for Text {
-            type Value = Ticket;
-
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a burstgate ticket")
-            }
-
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Ticket, E> {
-                v.parse().map_err(E::custom)
-            }
-        }
-
-        deserializer.deserialize_str(Text)
-    }
-}
+crate::text::serde_as_text!(Ticket, "a burstgate ticket");
 
 #[cfg(test)]
 mod tests {
