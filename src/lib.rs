@@ -205,6 +205,7 @@
 //! | `retry`   | no      | [`middleware::RetryStrategy`]: how reqwest-retry retries the middleware's errors (the local 429, store failures); implies `reqwest`. |
 //! | `quanta`  | no      | [`QuantaClock`], a cheaper clock for [`MemoryStore`], on the quanta crate's CPU counter. |
 //! | `tls`     | no      | `rediss://` URLs for [`RedisStore`], through redis-rs's own rustls support with the ring crypto provider; implies `redis`. |
+//! | `serde`   | no      | `Serialize`/`Deserialize` for [`Limit`] and the middleware's `Ticket`, as their text forms. |
 //!
 //! Without any feature, the crate is [`MemoryStore`] and the types around it.
 //!
