@@ -155,6 +155,22 @@ pub trait BucketStore: Send + Sync + 'static {
         tokens: u32,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
+    /// Spends the one-time mark `id` of `key`'s bucket until `until`: `true` the first time,
+    /// `false` while it is spent. For a booked turn (a middleware
+    /// [`Ticket`](crate::middleware::Ticket)) that must be sent, or given back, once, however many
+    /// copies of it a job queue delivers, in whichever process. The bucket itself is not touched.
+    ///
+    /// `id` is the caller's (a ticket's random nonce). A mark is kept at least until `until`,
+    /// and at most 2^44 ms (about 557 years) ahead; one whose `until` has passed is spent
+    /// already. Redis keeps it as its own key beside the bucket's, `<bucket key>:t:<id>`, with
+    /// an expiry.
+    fn claim(
+        &self,
+        key: &BucketKey,
+        id: &str,
+        until: SystemTime,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
     /// Forgets the bucket (an admin operation): the next call finds it full, with no halt, as a
     /// bucket never used. The limit is not needed, since a missing bucket is full under any.
     ///
@@ -551,6 +567,14 @@ pub trait DynBucketStore: Send + Sync + 'static {
         tokens: u32,
     ) -> Pin<Box<dyn Future<Output = Result<bool, StoreError>> + Send + 'a>>;
 
+    /// [`BucketStore::claim`], boxed.
+    fn claim_boxed<'a>(
+        &'a self,
+        key: &'a BucketKey,
+        id: &'a str,
+        until: SystemTime,
+    ) -> Pin<Box<dyn Future<Output = Result<bool, StoreError>> + Send + 'a>>;
+
     /// [`BucketStore::reset`], boxed.
     fn reset_boxed<'a>(
         &'a self,
@@ -620,6 +644,15 @@ impl<S: BucketStore> DynBucketStore for S {
         Box::pin(self.lower_to(key, limit, tokens))
     }
 
+    fn claim_boxed<'a>(
+        &'a self,
+        key: &'a BucketKey,
+        id: &'a str,
+        until: SystemTime,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(self.claim(key, id, until))
+    }
+
     fn reset_boxed<'a>(&'a self, key: &'a BucketKey) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(self.reset(key))
     }
@@ -683,6 +716,15 @@ impl BucketStore for Arc<dyn DynBucketStore> {
         tokens: u32,
     ) -> Result<bool, StoreError> {
         (**self).lower_to_boxed(key, limit, tokens).await
+    }
+
+    async fn claim(
+        &self,
+        key: &BucketKey,
+        id: &str,
+        until: SystemTime,
+    ) -> Result<bool, StoreError> {
+        (**self).claim_boxed(key, id, until).await
     }
 
     async fn reset(&self, key: &BucketKey) -> Result<(), StoreError> {

@@ -316,6 +316,33 @@ mod cases {
         assert_eq!(d.retry_after(), Some(Duration::from_millis(50)));
     }
 
+    pub(crate) async fn a_mark_is_spent_once<S, F>(make: impl FnOnce(ManualClock) -> F)
+    where
+        S: BucketStore,
+        F: Future<Output = S>,
+    {
+        let clock = ManualClock::new(START);
+        let store = make(clock.clone()).await;
+        let k = key("tickets", "a");
+        let until = UNIX_EPOCH + Duration::from_millis(START + 60_000);
+        assert!(store.claim(&k, "0f1e2d", until).await.expect("claims"));
+        assert!(!store.claim(&k, "0f1e2d", until).await.expect("claims"));
+        // Another mark of the bucket, the same mark of another bucket: each its own.
+        assert!(store.claim(&k, "0f1e2e", until).await.expect("claims"));
+        assert!(
+            store
+                .claim(&key("tickets", "b"), "0f1e2d", until)
+                .await
+                .expect("claims")
+        );
+        // A mark whose time has passed guards nothing: spent already.
+        let past = UNIX_EPOCH + Duration::from_millis(START - 1);
+        assert!(!store.claim(&k, "0f1e2f", past).await.expect("claims"));
+        // The bucket is untouched.
+        let q = store.peek(&k, limit(1, 1_000, 3)).await.expect("peeks");
+        assert_eq!(q.remaining(), 3);
+    }
+
     pub(crate) async fn impossible_costs_are_errors_not_waits<S, F>(
         make: impl FnOnce(ManualClock) -> F,
     ) where
@@ -529,6 +556,11 @@ macro_rules! suite {
             #[tokio::test]
             async fn a_stale_clock_gets_no_credit() {
                 cases::a_stale_clock_gets_no_credit($make).await;
+            }
+
+            #[tokio::test]
+            async fn a_mark_is_spent_once() {
+                cases::a_mark_is_spent_once($make).await;
             }
 
             #[tokio::test]

@@ -410,6 +410,15 @@ impl BucketStore for StuckOn {
         self.store.lower_to(key, limit, tokens).await
     }
 
+    async fn claim(
+        &self,
+        key: &BucketKey,
+        id: &str,
+        until: SystemTime,
+    ) -> Result<bool, StoreError> {
+        self.store.claim(key, id, until).await
+    }
+
     async fn reset(&self, key: &BucketKey) -> Result<(), StoreError> {
         self.store.reset(key).await
     }

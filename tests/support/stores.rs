@@ -56,6 +56,15 @@ impl<S: BucketStore + Clone> BucketStore for SlowReplies<S> {
         self.inner.lower_to(key, limit, tokens).await
     }
 
+    async fn claim(
+        &self,
+        key: &BucketKey,
+        id: &str,
+        until: SystemTime,
+    ) -> Result<bool, StoreError> {
+        self.inner.claim(key, id, until).await
+    }
+
     async fn reset(&self, key: &BucketKey) -> Result<(), StoreError> {
         self.inner.reset(key).await
     }

@@ -142,6 +142,9 @@ pub struct MemoryStore<C = SystemClock> {
     clock: C,
 }
 
+/// How many one-time marks the store holds before it starts pruning them.
+const CLAIMS_PRUNED_AT: usize = 1024;
+
 struct Inner {
     id: u64,
     shards: Box<[Padded]>,
@@ -149,6 +152,9 @@ struct Inner {
     /// The most buckets each shard holds.
     shard_cap: usize,
     halts: halts::Halts,
+    /// Spent one-time marks ([`BucketStore::claim`]), by bucket key and id, with the time (ms on
+    /// the store's clock) until which each is kept.
+    claims: std::sync::Mutex<hashbrown::HashMap<Box<str>, u64>>,
 }
 
 impl Inner {
@@ -221,6 +227,7 @@ impl<C: Clock> MemoryStore<C> {
                     share.saturating_add(share / 8)
                 },
                 halts: halts::Halts::new(),
+                claims: std::sync::Mutex::default(),
             }),
             clock,
         }
@@ -416,6 +423,36 @@ impl<C: Clock> BucketStore for MemoryStore<C> {
             })
             .map_err(|Full| self.too_many()),
         )
+    }
+
+    /// The marks are kept apart from the buckets, in a table the store prunes of marks past
+    /// their time before it would grow (once it holds a thousand or so).
+    fn claim(
+        &self,
+        key: &BucketKey,
+        id: &str,
+        until: SystemTime,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        let now = self.clock.now_ms();
+        let until = deadline_ms(until).min(now.saturating_add(bucket::MAX_WAIT));
+        let mut claims = self
+            .inner
+            .claims
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mark = format!("{}:t:{id}", key.as_str());
+        let spent = match claims.get(mark.as_str()) {
+            Some(&kept) if kept > now => true,
+            _ => {
+                if claims.len() >= CLAIMS_PRUNED_AT && claims.len() == claims.capacity() {
+                    claims.retain(|_, kept| *kept > now);
+                }
+                claims.insert(mark.into_boxed_str(), until);
+                false
+            }
+        };
+        // A mark whose time has passed is spent already: it guards nothing any more.
+        ready(Ok(!spent && until > now))
     }
 
     /// A table never changes once made, so a bucket in one cannot be removed at once: its slot

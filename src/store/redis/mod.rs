@@ -600,6 +600,27 @@ where
         }
     }
 
+    /// A `SET NX PX` of the mark's own key; whatever the outage policy, a call Redis did not
+    /// answer is an error, since no local bucket can say whether another process spent it.
+    async fn claim(
+        &self,
+        key: &BucketKey,
+        id: &str,
+        until: SystemTime,
+    ) -> Result<bool, StoreError> {
+        let now = self.clock.now_ms();
+        let ttl = deadline_ms(until)
+            .saturating_sub(now)
+            .min(crate::bucket::MAX_WAIT);
+        if ttl == 0 {
+            return Ok(false);
+        }
+        match self.spend_mark(key, id, ttl).await {
+            Ok(fresh) => Ok(fresh),
+            Err(Failure::Fatal(e) | Failure::Outage(e)) => Err(e),
+        }
+    }
+
     /// A `DEL` of the bucket's key, whatever it holds, through the same timeout, breaker and
     /// bound on calls in flight as every call; see [Admin operations](Self#admin-operations).
     async fn reset(&self, key: &BucketKey) -> Result<(), StoreError> {

@@ -7,7 +7,7 @@ use redis::aio::ConnectionLike;
 use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 
 use super::RedisStore;
-use super::wire::{Args, RedisKey, Reply, command, delete, parse_reply};
+use super::wire::{Args, RedisKey, Reply, claim, command, delete, parse_reply};
 use crate::BucketKey;
 use crate::clock::Clock;
 use crate::store::{BackendError, StoreError};
@@ -47,6 +47,24 @@ where
             Value::Int(_) => Ok(()),
             _ => Err(Failure::Fatal(StoreError::Backend(BackendError::new(
                 "redis answered a DEL with something other than a count",
+                None,
+            )))),
+        }
+    }
+
+    /// Spends a one-time mark beside one bucket's key for `ttl_ms`, through the circuit breaker
+    /// and within the timeout: `true` when it was not spent.
+    pub(super) async fn spend_mark(
+        &self,
+        key: &BucketKey,
+        id: &str,
+        ttl_ms: u64,
+    ) -> Result<bool, Failure> {
+        match self.send(key, Call::Claim { id, ttl_ms }).await? {
+            Value::Okay => Ok(true),
+            Value::Nil => Ok(false),
+            _ => Err(Failure::Fatal(StoreError::Backend(BackendError::new(
+                "redis answered a SET NX with something other than OK or nil",
                 None,
             )))),
         }
@@ -242,6 +260,8 @@ enum Call<'a> {
     Script { now: u64, args: &'a Args },
     /// A `DEL` of the key.
     Delete,
+    /// A `SET NX PX` of a one-time mark beside the key.
+    Claim { id: &'a str, ttl_ms: u64 },
 }
 
 impl Call<'_> {
@@ -251,6 +271,7 @@ impl Call<'_> {
         match self {
             Self::Script { args, .. } => args.op.name(),
             Self::Delete => "reset",
+            Self::Claim { .. } => "claim",
         }
     }
 }
@@ -266,6 +287,7 @@ async fn invoke(
     let (now, args) = match what {
         Call::Script { now, args } => (now, args),
         Call::Delete => return delete(redis_key).query_async(conn).await,
+        Call::Claim { id, ttl_ms } => return claim(redis_key, id, ttl_ms).query_async(conn).await,
     };
     let packed = args.pack(now);
     let sha = script().get_hash();

@@ -90,6 +90,32 @@ pub(super) fn delete(redis_key: RedisKey<'_>) -> Cmd {
     cmd
 }
 
+/// The `SET NX PX` of a one-time mark beside a bucket's key, `<bucket's key>:t:<id>`: no
+/// escaped key holds a `:`, so the mark's key is no bucket's.
+pub(super) fn claim(redis_key: RedisKey<'_>, id: &str, ttl_ms: u64) -> Cmd {
+    let mut cmd = Cmd::with_capacity(6, 3 + 270 + 3 + id.len() + 1 + 2 + 2 + 20);
+    cmd.arg("SET")
+        .arg(MarkKey(redis_key, id))
+        .arg(1)
+        .arg("NX")
+        .arg("PX")
+        .arg(ttl_ms);
+    cmd
+}
+
+/// A mark's key as a command argument, formatted into the command's buffer.
+struct MarkKey<'a>(RedisKey<'a>, &'a str);
+
+impl redis::ToRedisArgs for MarkKey<'_> {
+    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
+        let mut arg = out.writer_for_next_arg();
+        for part in self.0.parts().into_iter().chain([":t:", self.1]) {
+            // Writing to the command's own buffer cannot fail.
+            let _ = std::io::Write::write_all(&mut arg, part.as_bytes());
+        }
+    }
+}
+
 /// One call's arguments, in the script's terms.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Args {
