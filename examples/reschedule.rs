@@ -23,9 +23,11 @@ use std::collections::BinaryHeap;
 use std::error::Error;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
-use burstgate::middleware::{Account, RateLimitMiddleware, Route, Ticket, rate_limited};
+use burstgate::middleware::{
+    Account, RateLimitMiddleware, Route, Ticket, TicketError, rate_limited,
+};
 use burstgate::{Limit, MemoryStore};
 use http::Extensions;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
@@ -84,34 +86,49 @@ struct Job {
     ticket: Option<String>,
 }
 
-/// The jobs by the time they are due, then in the order they were queued.
+/// The jobs by the time they are due, then in the order they were queued; a job with a booked
+/// turn goes before any other once due, so that its turn is not lost to the backlog.
 #[derive(Default)]
 struct Queue {
-    jobs: Mutex<BinaryHeap<Reverse<(Instant, u64, Job)>>>,
+    booked: Mutex<BinaryHeap<Reverse<(Instant, u64, Job)>>>,
+    waiting: Mutex<BinaryHeap<Reverse<(Instant, u64, Job)>>>,
     order: AtomicU64,
 }
+
+type Heap = BinaryHeap<Reverse<(Instant, u64, Job)>>;
 
 impl Queue {
     fn push(&self, due: Instant, job: Job) {
         let n = self.order.fetch_add(1, Ordering::Relaxed);
-        self.lock().push(Reverse((due, n, job)));
+        let heap = if job.ticket.is_some() {
+            &self.booked
+        } else {
+            &self.waiting
+        };
+        lock(heap).push(Reverse((due, n, job)));
     }
 
-    /// The next job due at `now`, or when the earliest one is due.
+    /// The next job due at `now`, booked ones first, or when the earliest one is due.
     fn pop(&self, now: Instant) -> Result<Job, Option<Instant>> {
-        let mut jobs = self.lock();
-        match jobs.peek() {
-            Some(Reverse((due, _, _))) if *due <= now => {
-                jobs.pop().map(|Reverse((_, _, job))| job).ok_or(None)
+        let mut earliest = None;
+        for heap in [&self.booked, &self.waiting] {
+            let mut jobs = lock(heap);
+            match jobs.peek() {
+                Some(Reverse((due, _, _))) if *due <= now => {
+                    return jobs.pop().map(|Reverse((_, _, job))| job).ok_or(None);
+                }
+                Some(Reverse((due, _, _))) => {
+                    earliest = Some(earliest.map_or(*due, |e: Instant| e.min(*due)));
+                }
+                None => {}
             }
-            Some(Reverse((due, _, _))) => Err(Some(*due)),
-            None => Err(None),
         }
+        Err(earliest)
     }
+}
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BinaryHeap<Reverse<(Instant, u64, Job)>>> {
-        self.jobs.lock().unwrap_or_else(PoisonError::into_inner)
-    }
+fn lock(heap: &Mutex<Heap>) -> std::sync::MutexGuard<'_, Heap> {
+    heap.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// What the slots did over the run.
@@ -123,6 +140,8 @@ struct Report {
     in_client_us: AtomicU64,
     calling_us: AtomicU64,
     idle_us: AtomicU64,
+    /// Turns booked and not yet due at the end, given back.
+    given_back: AtomicU64,
 }
 
 impl Report {
@@ -160,6 +179,12 @@ impl Report {
             share(asleep),
             share(idle)
         );
+        if design == Design::Book {
+            println!(
+                "  turns booked and not yet due at the end, given back: {}",
+                self.given_back.load(Ordering::Relaxed)
+            );
+        }
         println!();
     }
 }
@@ -233,6 +258,18 @@ async fn run(design: Design, limit: Limit, url: &str) -> Result<Arc<Report>, Box
     for slot in slots {
         slot.await??;
     }
+    // The turns booked and not sent go back, as the sleeping slots' do when their calls are
+    // dropped at the end.
+    while let Ok(job) = queue.pop(Instant::now() + RUN) {
+        if let Some(ticket) = job.ticket {
+            let ticket: Ticket = ticket
+                .parse()
+                .map_err(reqwest_middleware::Error::middleware)?;
+            if limiter.cancel(&ticket).await? {
+                report.given_back.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
     Ok(report)
 }
 
@@ -291,15 +328,24 @@ impl Slot {
     /// job back on the queue until then.
     async fn book(&self, mut job: Job) -> Result<(), reqwest_middleware::Error> {
         let start = Instant::now();
-        if let Some(ticket) = job.ticket.take() {
-            let ticket: Ticket = ticket
+        if let Some(text) = job.ticket.take() {
+            let ticket: Ticket = text
                 .parse()
                 .map_err(reqwest_middleware::Error::middleware)?;
+            let early = ticket.ready_in(SystemTime::now());
             let sent = self.request(&job).with_extension(ticket).send().await;
             Report::add(&self.report.in_client_us, start);
             return match sent {
                 Ok(_) => Ok(()),
-                // An upstream back-off passed the turn: tried again once it is over.
+                // Sent a little early (the queue's clock and the system's drift apart): the
+                // ticket still stands, and the job goes back with it.
+                Err(e) if rate_limited(&e).is_some() && !early.is_zero() => {
+                    job.ticket = Some(text);
+                    self.queue.push(Instant::now() + early, job);
+                    Ok(())
+                }
+                // An upstream back-off passed the turn, or the ticket came too late: booked
+                // again.
                 Err(e) => self.again(job, &e),
             };
         }
@@ -310,7 +356,7 @@ impl Slot {
         Report::add(&self.report.in_client_us, start);
         match booked {
             Ok(Some(ticket)) => {
-                let due = Instant::now() + ticket.ready_in(std::time::SystemTime::now());
+                let due = Instant::now() + ticket.ready_in(SystemTime::now());
                 job.ticket = Some(ticket.to_string());
                 self.queue.push(due, job);
                 Ok(())
@@ -326,6 +372,14 @@ impl Slot {
         job: Job,
         e: &reqwest_middleware::Error,
     ) -> Result<(), reqwest_middleware::Error> {
+        // A ticket sent past its grace (every slot was busy when it came due): its tokens are
+        // spent, and the job books again at once.
+        if let reqwest_middleware::Error::Middleware(inner) = e
+            && inner.downcast_ref::<TicketError>() == Some(&TicketError::Expired)
+        {
+            self.queue.push(Instant::now(), job);
+            return Ok(());
+        }
         let Some(limited) = rate_limited(e) else {
             return Err(reqwest_middleware::Error::middleware(
                 std::io::Error::other(e.to_string()),

@@ -537,6 +537,17 @@ pub enum TicketError {
     /// No route of the middleware draws from the ticket's bucket, so it has no limit to give
     /// the ticket's tokens back under.
     NoRoute,
+    /// The ticket's signature is not the middleware's: it was written or changed by someone
+    /// else, or signed by a middleware with another secret (see `key_secret`).
+    Forged,
+    /// The ticket was sent, or cancelled, already, here or in another process.
+    Spent,
+    /// The ticket's turn is more than its grace past (one token period per token of its
+    /// cost): sent now, it would go with the turns booked after it. Its tokens stay spent;
+    /// book again.
+    Expired,
+    /// The request costs more tokens than the ticket booked.
+    TooCostly,
 }
 
 #[cfg(feature = "reqwest")]
@@ -548,6 +559,10 @@ impl fmt::Display for TicketError {
                 "the ticket was booked for another bucket or account than the request's"
             }
             Self::NoRoute => "no route draws from the ticket's bucket",
+            Self::Forged => "the ticket's signature is not this middleware's",
+            Self::Spent => "the ticket was sent or cancelled already",
+            Self::Expired => "the ticket's turn is past its grace; book again",
+            Self::TooCostly => "the request costs more tokens than the ticket booked",
         })
     }
 }

@@ -309,21 +309,27 @@ fn push_hex(out: &mut String, bytes: &[u8]) {
 
 /// The process's fingerprint key, drawn from the operating system's random source the first time
 /// a fingerprint is asked for.
+/// 32 bytes from the operating system's random source.
+fn random_bytes() -> [u8; 32] {
+    let mut bytes = [0u8; 32];
+    if getrandom::fill(&mut bytes).is_err() {
+        // No OS randomness (a sandbox without getrandom): std's per-process hasher keys come
+        // from the same source where it exists, and from the address space layout otherwise,
+        // which still differs between processes.
+        use std::hash::{BuildHasher, Hasher};
+        for chunk in bytes.chunks_mut(8) {
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_usize(chunk.as_ptr() as usize);
+            chunk.copy_from_slice(&h.finish().to_le_bytes());
+        }
+    }
+    bytes
+}
+
 fn fingerprint_salt() -> &'static HmacSha256 {
     static SALT: OnceLock<HmacSha256> = OnceLock::new();
     SALT.get_or_init(|| {
-        let mut salt = [0u8; 32];
-        if getrandom::fill(&mut salt).is_err() {
-            // No OS randomness (a sandbox without getrandom): std's per-process hasher keys come
-            // from the same source where it exists, and from the address space layout otherwise,
-            // which still differs between processes.
-            use std::hash::{BuildHasher, Hasher};
-            for chunk in salt.chunks_mut(8) {
-                let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-                h.write_usize(chunk.as_ptr() as usize);
-                chunk.copy_from_slice(&h.finish().to_le_bytes());
-            }
-        }
+        let salt = random_bytes();
         // An HMAC accepts a key of any length.
         HmacSha256::new_from_slice(&salt).unwrap_or_else(|_| HmacSha256::new(&Default::default()))
     })
@@ -360,10 +366,43 @@ impl KeySecret {
         Ok(Self { mac: Arc::new(mac) })
     }
 
-    fn mac(&self, key: &[u8]) -> [u8; 32] {
+    pub(crate) fn mac(&self, key: &[u8]) -> [u8; 32] {
         let mut mac = HmacSha256::clone(&self.mac);
         mac.update(key);
         mac.finalize().into_bytes().into()
+    }
+
+    /// Whether `tag` is the MAC of `message` under this secret, compared in constant time.
+    #[cfg(feature = "reqwest")]
+    pub(crate) fn verify(&self, message: &[u8], tag: &[u8]) -> bool {
+        let mut mac = HmacSha256::clone(&self.mac);
+        mac.update(message);
+        mac.verify_slice(tag).is_ok()
+    }
+
+    /// A secret of its own for `purpose`, derived from this one, so that one secret's MACs can
+    /// never stand for the other's: the MAC of an account name is written into Redis in clear,
+    /// and must not sign anything.
+    #[cfg(feature = "reqwest")]
+    pub(crate) fn derive(&self, purpose: &str) -> Self {
+        let derived = self.mac(format!("burstgate derived secret: {purpose}").as_bytes());
+        Self::new(derived).unwrap_or_else(|_| unreachable!("32 bytes are more than the minimum"))
+    }
+
+    /// A secret drawn from the operating system's random source.
+    #[cfg(feature = "reqwest")]
+    pub(crate) fn random() -> Self {
+        Self::new(random_bytes())
+            .unwrap_or_else(|_| unreachable!("32 bytes are more than the minimum"))
+    }
+
+    /// 16 random bytes: a ticket's nonce.
+    #[cfg(feature = "reqwest")]
+    pub(crate) fn nonce() -> [u8; 16] {
+        let bytes = random_bytes();
+        let mut nonce = [0u8; 16];
+        nonce.copy_from_slice(&bytes[..16]);
+        nonce
     }
 }
 

@@ -128,20 +128,50 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
         }
         let extra = self.config.error_cost.saturating_sub(sent.cost);
         if status.is_client_error() && extra > 0 && !sent.settled {
-            return Some(Feedback::Charge { extra });
+            return Some(Feedback::Charge {
+                extra: self.owed(key, limit, extra),
+            });
         }
         None
     }
 
+    /// `extra` tokens owed, at most what refills within [`max_backoff`]: a faulty or hostile
+    /// upstream's cost of four billion would otherwise block the bucket for centuries, and
+    /// take as many store calls to write.
+    ///
+    /// [`max_backoff`]: RateLimitMiddleware::max_backoff
+    fn owed(&self, key: &BucketKey, limit: Limit, extra: u32) -> u32 {
+        let most =
+            u128::from(u64::try_from(self.config.max_backoff.as_millis()).unwrap_or(u64::MAX))
+                * u128::from(limit.tokens())
+                / u128::from(limit.interval_ms());
+        let most = u32::try_from(most).unwrap_or(u32::MAX).max(1);
+        if extra > most {
+            tracing::warn!(
+                bucket = key.bucket(),
+                extra,
+                most,
+                "a call owes more tokens than refill within max_backoff; clamped"
+            );
+        }
+        extra.min(most)
+    }
+
     /// What settles the call's cost with the `taken` tokens of its reservation, when the
     /// answer's [`cost_header`](RateLimitMiddleware::cost_header) says what it cost.
-    pub(super) fn settlement(&self, res: &Response, taken: Reservation) -> Option<Feedback> {
+    pub(super) fn settlement(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+        res: &Response,
+        taken: Reservation,
+    ) -> Option<Feedback> {
         let name = self.config.cost_header.as_ref()?;
         let cost = res
             .headers()
             .get(name)
             .and_then(|v| v.to_str().ok())
-            .and_then(super::follow::count);
+            .and_then(cost_count);
         let Some(cost) = cost else {
             if res.headers().contains_key(name) {
                 tracing::debug!(header = %name, "ignoring an unusable cost");
@@ -151,7 +181,7 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
         let cost = u32::try_from(cost).unwrap_or(u32::MAX);
         match cost.cmp(&taken.cost()) {
             std::cmp::Ordering::Greater => Some(Feedback::Charge {
-                extra: cost - taken.cost(),
+                extra: self.owed(key, limit, cost - taken.cost()),
             }),
             std::cmp::Ordering::Less => Some(Feedback::GiveBack {
                 reservation: taken.with_cost(taken.cost() - cost),
@@ -227,9 +257,15 @@ impl Feedback {
                     // A reservation with no ceiling: the tokens are owed, and later requests
                     // wait them off.
                     let owed = store.acquire(key, limit, take, Duration::MAX).await;
-                    if let Err(e) = owed {
-                        tracing::warn!(bucket = key.bucket(), error = %e, "could not charge a 4xx");
-                        break;
+                    match owed {
+                        Ok(d) if d.is_admitted() => {}
+                        // Owed past the longest reservation: the bucket is blocked as far as
+                        // the arithmetic goes already.
+                        Ok(_) => break,
+                        Err(e) => {
+                            tracing::warn!(bucket = key.bucket(), error = %e, "could not charge what a call owes");
+                            break;
+                        }
                     }
                     extra -= take;
                 }
@@ -304,4 +340,16 @@ pub(crate) fn parse_retry(value: &str, now: SystemTime) -> Result<Duration, Retr
         Ok(at) => Ok(at.duration_since(now).unwrap_or(Duration::ZERO)),
         Err(_) => Err(RetryValue::Garbage),
     }
+}
+
+/// A cost a field reports: a count, a fraction rounded up (a call that cost 2.5 tokens owes 3).
+fn cost_count(value: &str) -> Option<u64> {
+    let value = value.trim();
+    let whole = super::follow::count(value)?;
+    let fraction = value.split_once('.').map_or("", |(_, f)| f);
+    Some(if fraction.bytes().any(|b| b != b'0') {
+        whole.saturating_add(1)
+    } else {
+        whole
+    })
 }

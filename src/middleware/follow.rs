@@ -35,7 +35,8 @@ impl Default for Follow {
 ///
 /// A margin shown is believed for two refill times of the bucket: an upstream that stops
 /// showing one (its limit was lowered) stops being drained for. Per bucket key, since accounts
-/// on one route may have different plans; forgotten entries are dropped once there are many.
+/// on one route may have different plans, and at most [`SEEN_KEYS`] of them: forgotten entries
+/// are dropped once there are that many, and past it a new key's margin goes unlearned.
 #[derive(Debug, Default)]
 pub(super) struct Seen {
     shown: std::sync::Mutex<std::collections::HashMap<Box<str>, tokio::time::Instant>>,
@@ -89,7 +90,11 @@ impl Seen {
                     if shown.len() >= SEEN_KEYS {
                         shown.retain(|_, at| now.duration_since(*at) <= believed);
                     }
-                    shown.insert(key.as_str().into(), now);
+                    // Bounded: past the cap, a new key's margin goes unlearned (its bucket
+                    // lowers and backs off as without one) until older ones are forgotten.
+                    if shown.len() < SEEN_KEYS {
+                        shown.insert(key.as_str().into(), now);
+                    }
                 }
             }
         }

@@ -87,6 +87,8 @@ struct Config {
     default: Option<Route>,
     account_header: Option<HeaderName>,
     key_secret: Option<KeySecret>,
+    /// Signs and checks tickets: derived from the key secret, or drawn at random without one.
+    ticket_secret: KeySecret,
     max_wait: Option<Duration>,
     error_cost: u32,
     max_backoff: Duration,
@@ -106,6 +108,7 @@ impl<St: BucketStore + Clone> RateLimitMiddleware<St, SystemClock> {
                 default: None,
                 account_header: None,
                 key_secret: None,
+                ticket_secret: KeySecret::random(),
                 max_wait: None,
                 error_cost: 1,
                 max_backoff: DEFAULT_MAX_BACKOFF,
@@ -155,7 +158,9 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
     /// process sharing the buckets must use the same secret.
     #[must_use]
     pub fn key_secret(mut self, secret: KeySecret) -> Self {
-        Arc::make_mut(&mut self.config).key_secret = Some(secret);
+        let config = Arc::make_mut(&mut self.config);
+        config.ticket_secret = secret.derive("tickets");
+        config.key_secret = Some(secret);
         self
     }
 
@@ -200,14 +205,19 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
 
     /// Whether the shared bucket follows what the upstream reports it has left (default: yes).
     ///
-    /// On every answer that reports fewer tokens left than the bucket holds, the bucket is
-    /// lowered to that, in one store call ([`BucketStore::lower_to`]), so every worker in every
-    /// process slows down when someone else spends the same budget (the account's other
-    /// integrations, a second service with the same token) or Redis forgot what was spent. It
-    /// is never raised. The fields read are `X-Ratelimit-Remaining`, `RateLimit-Remaining` and
-    /// the `r` of the IETF `RateLimit` field, with any set with
-    /// [`remaining_header`](Self::remaining_header) first; the fewest any of them reports counts.
-    /// A report at or above the route's burst needs no store call.
+    /// On an answer that reports fewer tokens left than the bucket held once the request took
+    /// its own, the bucket is lowered to that, in one store call ([`BucketStore::lower_to`]),
+    /// so every worker in every process slows down when someone else spends the same budget
+    /// (the account's other integrations, a second service with the same token) or Redis forgot
+    /// what was spent. It is never raised. Requests that went at a reserved slot hold a bucket
+    /// spent to its pace, which no count can lower; for them, a report of nothing left from an
+    /// upstream that has shown a margin over the bucket drains it for one token period (the
+    /// module docs, "Following the upstream", say when and why).
+    ///
+    /// The fields read are `X-Ratelimit-Remaining`, `RateLimit-Remaining` and the `r` of the
+    /// IETF `RateLimit` field, with any set with [`remaining_header`](Self::remaining_header)
+    /// first; the fewest any of them reports counts. A report at or above what the bucket held
+    /// needs no store call.
     #[must_use]
     pub fn follow_upstream(mut self, on: bool) -> Self {
         Arc::make_mut(&mut self.config).follow.on = on;
@@ -291,7 +301,11 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
             .await
             .map_err(reqwest_middleware::Error::middleware)?;
         match decision.reservation() {
-            Some(reservation) => Ok(Some(Ticket { key, reservation })),
+            Some(reservation) => Ok(Some(Ticket::signed(
+                key,
+                reservation,
+                &self.config.ticket_secret,
+            ))),
             None => {
                 let retry = decision.retry_after().unwrap_or(Duration::ZERO);
                 let limited = RateLimited::new(retry, limit, route.bucket(), decision.remaining());
@@ -303,22 +317,51 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
     /// Gives back the tokens of a [`Ticket`] whose request will never be sent (the job was
     /// dropped), through its reservation, as every refund: never above the burst, and only
     /// while no turn booked after it would move. Under the limit of the route that draws from
-    /// the ticket's bucket.
+    /// the ticket's bucket. A ticket is given back, or sent, once: `Ok(false)` when it was
+    /// spent already, here or in another process.
     ///
     /// # Errors
     ///
-    /// [`TicketError::NoRoute`] when no route draws from the ticket's bucket, or a
-    /// [`StoreError`].
-    pub async fn cancel(&self, ticket: &Ticket) -> reqwest_middleware::Result<()> {
+    /// [`TicketError::Forged`] when the ticket is not this middleware's,
+    /// [`TicketError::NoRoute`] when no route draws from its bucket, or a [`StoreError`].
+    pub async fn cancel(&self, ticket: &Ticket) -> reqwest_middleware::Result<bool> {
         let config = &self.config;
+        if !ticket.verify(&config.ticket_secret) {
+            return Err(reqwest_middleware::Error::middleware(TicketError::Forged));
+        }
         let route = config
             .routes
             .iter()
             .chain(config.default.as_ref())
             .find(|r| r.bucket() == ticket.bucket())
             .ok_or_else(|| reqwest_middleware::Error::middleware(TicketError::NoRoute))?;
+        if !self.spend(ticket, route.limit).await? {
+            return Ok(false);
+        }
         self.store
             .refund(&ticket.key, route.limit, ticket.reservation)
+            .await
+            .map_err(reqwest_middleware::Error::middleware)?;
+        Ok(true)
+    }
+
+    /// The end of a ticket's grace: one token period per token of its cost after its turn.
+    fn expiry(ticket: &Ticket, limit: Limit) -> std::time::SystemTime {
+        let grace_ms = u128::from(limit.interval_ms()) * u128::from(ticket.cost())
+            / u128::from(limit.tokens());
+        let grace = Duration::from_millis(u64::try_from(grace_ms).unwrap_or(u64::MAX));
+        crate::clock::add_or_latest(ticket.ready_at(), grace)
+    }
+
+    /// Spends the ticket's one-time mark: `false` when it was spent. The mark is kept a second
+    /// past the ticket's grace, after which the ticket is refused as expired anyway: a ticket
+    /// checked just inside its grace must not meet a mark already gone, in a store that counts
+    /// whole milliseconds on a clock of its own.
+    async fn spend(&self, ticket: &Ticket, limit: Limit) -> reqwest_middleware::Result<bool> {
+        let until =
+            crate::clock::add_or_latest(Self::expiry(ticket, limit), Duration::from_secs(1));
+        self.store
+            .claim(&ticket.key, &ticket.nonce_hex(), until)
             .await
             .map_err(reqwest_middleware::Error::middleware)
     }
@@ -336,12 +379,18 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
         let limit = route.limit;
-        if ticket.key != key {
-            return Err(reqwest_middleware::Error::middleware(
-                TicketError::OtherBucket,
-            ));
+        let refused = |e: TicketError| Err(reqwest_middleware::Error::middleware(e));
+        if !ticket.verify(&self.config.ticket_secret) {
+            return refused(TicketError::Forged);
         }
-        let early = ticket.ready_in(self.clock.now());
+        if ticket.key != key {
+            return refused(TicketError::OtherBucket);
+        }
+        if ticket.cost() < extensions.get::<Cost>().map_or(route.cost, Cost::tokens) {
+            return refused(TicketError::TooCostly);
+        }
+        let now = self.clock.now();
+        let early = ticket.ready_in(now);
         if !early.is_zero() {
             tracing::debug!(
                 bucket = route.bucket(),
@@ -352,6 +401,9 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
             let limited = RateLimited::new(early, limit, route.bucket(), 0);
             return Err(reqwest_middleware::Error::middleware(limited));
         }
+        if now > Self::expiry(&ticket, limit) {
+            return refused(TicketError::Expired);
+        }
         if let Some(retry) = self.halted_for(&key, limit, &ticket.reservation).await {
             tracing::debug!(
                 bucket = route.bucket(),
@@ -361,9 +413,12 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
             let limited = RateLimited::new(retry, limit, route.bucket(), 0);
             return Err(reqwest_middleware::Error::middleware(limited));
         }
+        if !self.spend(&ticket, limit).await? {
+            return refused(TicketError::Spent);
+        }
         let sent_at = tokio::time::Instant::now();
         let res = next.run(req, extensions).await?;
-        let settle = self.settlement(&res, ticket.reservation);
+        let settle = self.settlement(&key, limit, &res, ticket.reservation);
         // When the turn was booked, and so whether the bucket was spent, is not known here: the
         // answer proves no margin, and lowers nothing.
         let sent = follow::Sent {
@@ -501,7 +556,7 @@ where
         let res = next.run(req, extensions).await?;
         let rtt = sent_at.elapsed();
         // What the call cost first, then what the upstream has left, which counts it already.
-        let settle = taken.and_then(|taken| self.settlement(&res, taken));
+        let settle = taken.and_then(|taken| self.settlement(&key, limit, &res, taken));
         let sent = follow::Sent {
             expected,
             queued,

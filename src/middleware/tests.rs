@@ -1183,12 +1183,17 @@ fn booked_client(
         .route(
             Route::new("api", Limit::per_second(1).expect("a limit"), "/orders").expect("a route"),
         )
+        .key_secret(ticket_secret())
         .max_wait(Duration::from_secs(60));
     let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
         .with(limiter.clone())
         .with(upstream.clone())
         .build();
     (limiter, client)
+}
+
+fn ticket_secret() -> crate::KeySecret {
+    crate::KeySecret::new(b"the tests' application secret").expect("a secret")
 }
 
 fn account(name: &str) -> Extensions {
@@ -1288,27 +1293,103 @@ async fn a_ticket_stands_only_for_its_own_bucket_and_account() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_cancelled_ticket_gives_its_turn_back() {
+async fn a_cancelled_ticket_gives_its_turn_back_once() {
     let upstream = Reporting::new(|_| (StatusCode::OK, Vec::new()));
-    let (limiter, _client) = booked_client(&upstream);
+    let (limiter, client) = booked_client(&upstream);
     let (request, seller) = (orders_request(), account("seller-1"));
     let book = || limiter.reserve(&request, &seller);
     let first = book().await.expect("booked").expect("a route");
     let second = book().await.expect("booked").expect("a route");
-    limiter.cancel(&second).await.expect("cancelled");
+    assert!(limiter.cancel(&second).await.expect("cancelled"));
     let again = book().await.expect("booked").expect("a route");
     assert_eq!(again.ready_at(), second.ready_at());
     assert_eq!(again.ready_at(), first.ready_at() + Duration::from_secs(1));
-    // A ticket of a bucket no route draws from has no limit to go back under.
-    let stranger = Ticket {
-        key: BucketKey::new("other", "seller-1").expect("a key"),
-        ..again
-    };
-    let err = limiter.cancel(&stranger).await.expect_err("no route");
-    let reqwest_middleware::Error::Middleware(e) = err else {
-        panic!("a middleware error: {err:?}");
-    };
-    assert_eq!(e.downcast_ref::<TicketError>(), Some(&TicketError::NoRoute));
+    // Cancelled twice, or sent and then cancelled: given back once, or not at all.
+    assert!(!limiter.cancel(&second).await.expect("answered"));
+    send_booked(&client, "seller-1", Some(first.clone()))
+        .await
+        .expect("sent");
+    assert!(!limiter.cancel(&first).await.expect("answered"));
+    // A middleware with the same secret but no route for the ticket's bucket has no limit to
+    // give it back under.
+    let elsewhere = RateLimitMiddleware::new(MemoryStore::new())
+        .route(Route::new("other", Limit::per_second(1).expect("a limit"), "/o").expect("a route"))
+        .key_secret(ticket_secret());
+    let err = elsewhere.cancel(&again).await.expect_err("no route");
+    assert_eq!(ticket_error(&err), Some(TicketError::NoRoute));
+}
+
+fn ticket_error(err: &reqwest_middleware::Error) -> Option<TicketError> {
+    match err {
+        reqwest_middleware::Error::Middleware(e) => e.downcast_ref::<TicketError>().copied(),
+        reqwest_middleware::Error::Reqwest(_) => None,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_ticket_goes_once_unchanged_in_its_time_for_its_cost() {
+    let upstream = Reporting::new(|_| (StatusCode::OK, Vec::new()));
+    let (limiter, client) = booked_client(&upstream);
+    let start = tokio::time::Instant::now();
+    let (request, seller) = (orders_request(), account("seller-1"));
+    let book = || limiter.reserve(&request, &seller);
+    let ticket = book().await.expect("booked").expect("a route");
+    // The job delivered twice: the second copy is refused, here or in another process with the
+    // same store and secret.
+    let copy: Ticket = ticket.to_string().parse().expect("a ticket");
+    send_booked(&client, "seller-1", Some(ticket))
+        .await
+        .expect("sent");
+    let err = send_booked(&client, "seller-1", Some(copy))
+        .await
+        .expect_err("spent");
+    assert_eq!(ticket_error(&err), Some(TicketError::Spent));
+    // Edited (an earlier slot), or written by a middleware with another secret: forged.
+    let later = book().await.expect("booked").expect("a route");
+    let slot = later
+        .ready_at()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_millis();
+    let edited: Ticket = later
+        .to_string()
+        .replacen(&slot.to_string(), &(slot - 1_000).to_string(), 1)
+        .parse()
+        .expect("still reads");
+    let err = send_booked(&client, "seller-1", Some(edited))
+        .await
+        .expect_err("forged");
+    assert_eq!(ticket_error(&err), Some(TicketError::Forged));
+    let stranger = RateLimitMiddleware::new(MemoryStore::new()).route(
+        Route::new("api", Limit::per_second(1).expect("a limit"), "/orders").expect("a route"),
+    );
+    let theirs = stranger
+        .reserve(&orders_request(), &account("seller-1"))
+        .await
+        .expect("booked")
+        .expect("a route");
+    let err = send_booked(&client, "seller-1", Some(theirs))
+        .await
+        .expect_err("forged");
+    assert_eq!(ticket_error(&err), Some(TicketError::Forged));
+    // A request costing more than the ticket booked.
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let err = client
+        .get("http://upstream.test/orders")
+        .with_extension(Account::new("seller-1"))
+        .with_extension(Cost::new(two(2)))
+        .with_extension(later.clone())
+        .send()
+        .await
+        .expect_err("too costly");
+    assert_eq!(ticket_error(&err), Some(TicketError::TooCostly));
+    // Past its grace (one token period), it would go with the turns booked after it.
+    tokio::time::advance(Duration::from_millis(1_001)).await;
+    let err = send_booked(&client, "seller-1", Some(later))
+        .await
+        .expect_err("expired");
+    assert_eq!(ticket_error(&err), Some(TicketError::Expired));
+    assert_eq!(upstream.sent_ms(start), [0]);
 }
 
 #[tokio::test(start_paused = true)]
@@ -1353,4 +1434,43 @@ fn unqueued() -> follow::Sent {
         settled: false,
         rtt: Duration::ZERO,
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reported_cost_is_rounded_up_and_clamped_to_max_backoff() {
+    let cost_header = || http::HeaderName::from_static("x-request-cost");
+    // 2.5 tokens is 3, as for "3": 5 less 3 leaves 2, less 3 more leaves 1 owed, and the
+    // third request waits 2 s.
+    let half = Reporting::new(|_| ok_with("x-request-cost", "2.5"));
+    let limiter = one_a_second_burst_5().cost_header(cost_header());
+    assert_eq!(
+        one_by_one(limiter, &half, &[None, None, None]).await,
+        [0, 0, 2_000]
+    );
+    // Four billion tokens would block the bucket for a century: owed at most what refills in
+    // max_backoff (60 s here), so the next request is refused for about a minute.
+    let hostile = Reporting::new(|_| ok_with("x-request-cost", "4294967295"));
+    let limiter = one_a_second_burst_5()
+        .cost_header(cost_header())
+        .max_backoff(Duration::from_secs(60))
+        .max_wait(Duration::from_secs(10));
+    let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+        .with(limiter)
+        .with(hostile.clone())
+        .build();
+    client
+        .get("http://upstream.test/orders")
+        .send()
+        .await
+        .expect("sent");
+    let err = client
+        .get("http://upstream.test/orders")
+        .send()
+        .await
+        .expect_err("owed");
+    let retry = rate_limited(&err).expect("the local 429").retry_after();
+    assert!(
+        (Duration::from_secs(56)..=Duration::from_secs(57)).contains(&retry),
+        "{retry:?}"
+    );
 }

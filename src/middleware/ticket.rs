@@ -4,9 +4,11 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::{Duration, SystemTime};
 
+use std::fmt::Write as _;
+
 use crate::error::TicketError;
 use crate::store::Source;
-use crate::{BucketKey, Reservation};
+use crate::{BucketKey, KeySecret, Reservation};
 
 /// A turn booked in a route's shared bucket for a request that a job queue sends later, from
 /// [`RateLimitMiddleware::reserve`](super::RateLimitMiddleware::reserve).
@@ -21,17 +23,37 @@ use crate::{BucketKey, Reservation};
 /// [`cancel`](super::RateLimitMiddleware::cancel).
 ///
 /// A ticket is plain data: `Display` writes it as one line of text, `FromStr` reads it back
-/// (and with the `serde` feature it serializes as that text), so it survives a restart of the
-/// process in a job's payload. The text holds the bucket key as the store does (an account
-/// name escaped, a secret account hashed or keyed, never in clear), the slot and the cost:
+/// (and with the `serde` feature it serializes as that text), so it can wait in a job's
+/// payload. The text holds the bucket key as the store does (an account name escaped, a secret
+/// account hashed or keyed, never in clear), the slot, the cost, a random nonce, and an
+/// HMAC-SHA256 over all of it:
 ///
 /// ```text
-/// burstgate-ticket:1:<slot, ms since the Unix epoch>:<cost>:<source>:<bucket>:<key>
+/// burstgate-ticket:1:<slot, ms since the Unix epoch>:<cost>:<source>:<nonce>:<mac>:<bucket>:<key>
 /// ```
+///
+/// What the middleware takes on trust, it checks first:
+///
+/// - The MAC is the middleware's, under a secret derived from its
+///   [`key_secret`](super::RateLimitMiddleware::key_secret), so a ticket cannot be written or
+///   changed outside it ([`TicketError::Forged`](crate::middleware::TicketError::Forged)). Without a key secret, each
+///   middleware draws a random one, and its tickets do not outlive it: set the same key secret
+///   in every process that sends or cancels another's tickets, and to keep them across a restart.
+///   Keep them across a restart only with a shared store: a `MemoryStore` starts full again, and
+///   every ticket still held would go on top of a full burst.
+/// - A ticket goes once: its nonce is spent in the store when it is sent or cancelled
+///   ([`BucketStore::claim`](crate::BucketStore::claim)), so a job delivered twice, in whichever
+///   process, sends once ([`TicketError::Spent`](crate::middleware::TicketError::Spent)).
+/// - It goes from its time until one token period per token of its cost after it; later, it
+///   would go with the turns booked after it, and is expired
+///   ([`TicketError::Expired`](crate::middleware::TicketError::Expired)), its tokens spent.
+/// - It stands for its own bucket and account, and for a request costing no more than it booked.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Ticket {
     pub(super) key: BucketKey,
     pub(super) reservation: Reservation,
+    pub(super) nonce: [u8; 16],
+    pub(super) mac: [u8; 32],
 }
 
 /// The first field of a ticket's text, with the version of its layout.
@@ -61,18 +83,87 @@ impl Ticket {
     }
 }
 
-impl fmt::Display for Ticket {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let source = match self.reservation.source() {
-            Source::Store => 's',
-            Source::Local => 'l',
-            Source::Nothing => 'n',
+impl Ticket {
+    /// A ticket for `reservation` in `key`'s bucket, signed under `secret`.
+    pub(super) fn signed(key: BucketKey, reservation: Reservation, secret: &KeySecret) -> Self {
+        let mut ticket = Self {
+            key,
+            reservation,
+            nonce: KeySecret::nonce(),
+            mac: [0; 32],
         };
-        write!(
-            f,
-            "{TAG}:{}:{}:{source}:{}",
+        ticket.mac = secret.mac(ticket.signed_text().as_bytes());
+        ticket
+    }
+
+    /// Whether the ticket's MAC is `secret`'s.
+    pub(super) fn verify(&self, secret: &KeySecret) -> bool {
+        secret.verify(self.signed_text().as_bytes(), &self.mac)
+    }
+
+    /// The nonce, as the id of the ticket's one-time mark.
+    pub(super) fn nonce_hex(&self) -> String {
+        hex(&self.nonce)
+    }
+
+    /// Everything the MAC covers: the text without the MAC.
+    fn signed_text(&self) -> String {
+        format!(
+            "{TAG}:{}:{}:{}:{}:{}",
             self.reservation.ready_at_ms(),
             self.reservation.cost(),
+            source_code(self.reservation.source()),
+            hex(&self.nonce),
+            self.key.as_str()
+        )
+    }
+}
+
+fn source_code(source: Source) -> char {
+    match source {
+        Source::Store => 's',
+        Source::Local => 'l',
+        Source::Nothing => 'n',
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        // Writing to a String cannot fail.
+        let _ = write!(out, "{b:02x}");
+    }
+    out
+}
+
+/// `N` bytes from exactly `2 × N` lowercase hex digits.
+fn unhex<const N: usize>(text: &str) -> Option<[u8; N]> {
+    let digits = text.as_bytes();
+    if digits.len() != 2 * N {
+        return None;
+    }
+    let value = |d: u8| match d {
+        b'0'..=b'9' => Some(d - b'0'),
+        b'a'..=b'f' => Some(d - b'a' + 10),
+        _ => None,
+    };
+    let mut out = [0u8; N];
+    for (i, pair) in digits.chunks_exact(2).enumerate() {
+        out[i] = value(pair[0])? << 4 | value(pair[1])?;
+    }
+    Some(out)
+}
+
+impl fmt::Display for Ticket {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{TAG}:{}:{}:{}:{}:{}:{}",
+            self.reservation.ready_at_ms(),
+            self.reservation.cost(),
+            source_code(self.reservation.source()),
+            hex(&self.nonce),
+            hex(&self.mac),
             self.key.as_str()
         )
     }
@@ -83,7 +174,7 @@ impl FromStr for Ticket {
 
     fn from_str(s: &str) -> Result<Self, TicketError> {
         let rest = s.strip_prefix(TAG).and_then(|r| r.strip_prefix(':'));
-        let mut fields = rest.ok_or(TicketError::Malformed)?.splitn(4, ':');
+        let mut fields = rest.ok_or(TicketError::Malformed)?.splitn(6, ':');
         let mut next = || fields.next().ok_or(TicketError::Malformed);
         let number = |s: &str| {
             (!s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
@@ -99,6 +190,8 @@ impl FromStr for Ticket {
             "n" => Source::Nothing,
             _ => return Err(TicketError::Malformed),
         };
+        let nonce = unhex::<16>(next()?).ok_or(TicketError::Malformed)?;
+        let mac = unhex::<32>(next()?).ok_or(TicketError::Malformed)?;
         let key = BucketKey::from_id(next()?).ok_or(TicketError::Malformed)?;
         if cost == 0 {
             return Err(TicketError::Malformed);
@@ -106,6 +199,8 @@ impl FromStr for Ticket {
         Ok(Self {
             key,
             reservation: Reservation::from_parts(cost, ready_at_ms, source),
+            nonce,
+            mac,
         })
     }
 }
@@ -127,22 +222,32 @@ crate::text::serde_as_text!(Ticket, "a burstgate ticket");
 mod tests {
     use super::*;
 
+    fn secret() -> KeySecret {
+        KeySecret::new(b"an application secret, sixteen+")
+            .unwrap()
+            .derive("tickets")
+    }
+
     fn ticket(key: &str, cost: u32, ready_at_ms: u64) -> Ticket {
-        Ticket {
-            key: BucketKey::new("orders", key).expect("a key"),
-            reservation: Reservation::from_parts(cost, ready_at_ms, Source::Store),
-        }
+        Ticket::signed(
+            BucketKey::new("orders", key).expect("a key"),
+            Reservation::from_parts(cost, ready_at_ms, Source::Store),
+            &secret(),
+        )
     }
 
     #[test]
-    fn a_ticket_reads_back_from_its_text() {
+    fn a_ticket_reads_back_from_its_text_and_its_mac_holds() {
         let t = ticket("seller:42", 2, 1_796_000_000_123);
         let text = t.to_string();
-        assert_eq!(
-            text,
-            "burstgate-ticket:1:1796000000123:2:s:orders:seller%3A42"
+        assert!(
+            text.starts_with("burstgate-ticket:1:1796000000123:2:s:"),
+            "{text}"
         );
-        assert_eq!(text.parse::<Ticket>(), Ok(t.clone()));
+        assert!(text.ends_with(":orders:seller%3A42"), "{text}");
+        let back: Ticket = text.parse().expect("a ticket");
+        assert_eq!(back, t);
+        assert!(back.verify(&secret()));
         assert_eq!(t.cost(), 2);
         assert_eq!(t.bucket(), "orders");
         let at = SystemTime::UNIX_EPOCH + Duration::from_millis(1_796_000_000_000);
@@ -151,25 +256,63 @@ mod tests {
             t.ready_in(t.ready_at() + Duration::from_secs(1)),
             Duration::ZERO
         );
-        // The key's own colons stay in the last field.
+        // Debug shows the key's fingerprint, not the account.
         assert!(!format!("{t:?}").contains("seller"), "{t:?}");
+        // Two tickets for the same turn differ by their nonces.
+        assert_ne!(ticket("seller:42", 2, 1_796_000_000_123).nonce, t.nonce);
+    }
+
+    #[test]
+    fn a_ticket_changed_or_signed_elsewhere_is_forged() {
+        let t = ticket("seller-1", 1, 5);
+        let other = KeySecret::new(b"another application secret!!")
+            .unwrap()
+            .derive("tickets");
+        assert!(!t.verify(&other));
+        // Any field changed in the text: an earlier slot, a larger cost, another source or
+        // account, another nonce.
+        let text = t.to_string();
+        let fields: Vec<&str> = text.splitn(8, ':').collect();
+        for (i, changed) in [
+            (2, "4"),
+            (3, "3"),
+            (4, "n"),
+            (5, "00112233445566778899aabbccddeeff"),
+        ] {
+            let mut f = fields.clone();
+            f[i] = changed;
+            let edited: Ticket = f.join(":").parse().expect("still reads");
+            assert!(!edited.verify(&secret()), "field {i}");
+        }
+        let moved: Ticket = text.replace("seller-1", "seller-2").parse().expect("reads");
+        assert!(!moved.verify(&secret()));
     }
 
     #[test]
     fn anything_else_is_malformed() {
+        let good = ticket("k", 1, 1).to_string();
+        let fields: Vec<&str> = good.splitn(8, ':').collect();
+        let with = |i: usize, v: &str| {
+            let mut f = fields.clone();
+            f[i] = v;
+            f.join(":")
+        };
         for bad in [
-            "",
-            "burstgate-ticket:1",
-            "burstgate-ticket:2:1:1:s:orders:k",
-            "burstgate-ticket:1:x:1:s:orders:k",
-            "burstgate-ticket:1:1:0:s:orders:k",
-            "burstgate-ticket:1:1:-1:s:orders:k",
-            "burstgate-ticket:1:1:4294967296:s:orders:k",
-            "burstgate-ticket:1:1:1:x:orders:k",
-            "burstgate-ticket:1:1:1:s:orders",
-            "burstgate-ticket:1:1:1:s:bad name:k",
-            "burstgate-ticket:1:1:1:s:orders:%41",
-            "burstgate-ticket:1:+1:1:s:orders:k",
+            String::new(),
+            "burstgate-ticket:1".to_owned(),
+            good.replacen("ticket:1", "ticket:2", 1),
+            with(2, "x"),
+            with(2, "+1"),
+            with(3, "0"),
+            with(3, "-1"),
+            with(3, "4294967296"),
+            with(4, "x"),
+            with(5, "0011"),
+            with(5, "00112233445566778899AABBCCDDEEFF"),
+            with(6, "zz"),
+            good.replace(":orders:k", ":orders"),
+            good.replace(":orders:k", ":bad name:k"),
+            good.replace(":orders:k", ":orders:%41"),
         ] {
             assert_eq!(
                 bad.parse::<Ticket>(),
@@ -184,7 +327,7 @@ mod tests {
     fn serde_writes_and_reads_the_text() {
         let t = ticket("seller-1", 1, 5);
         let json = serde_json::to_string(&t).expect("serializes");
-        assert_eq!(json, "\"burstgate-ticket:1:5:1:s:orders:seller-1\"");
+        assert_eq!(json, format!("\"{t}\""));
         assert_eq!(serde_json::from_str::<Ticket>(&json).expect("reads"), t);
     }
 }
