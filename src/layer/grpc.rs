@@ -22,9 +22,10 @@ static GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-
 /// type is `application/grpc` (alone, with a subtype such as `+proto`, or with parameters) over
 /// HTTP/2, answered `application/grpc`; or a gRPC-Web call (`application/grpc-web`,
 /// `application/grpc-web-text`, with or without a subtype), over any HTTP version, answered in
-/// its own content type. Anything else, a GET with a gRPC content type or "gRPC" over
-/// HTTP/1.1 included, is an HTTP request, refused with an HTTP status: the 200 of a gRPC
-/// refusal is for gRPC clients, and a client cannot ask for it with a header alone.
+/// its own content type, without parameters. Anything else, a GET with a gRPC content type or
+/// "gRPC" over HTTP/1.1 included, is an HTTP request, refused with an HTTP status. A client can
+/// still have its refusal answered as a gRPC-Web one, a 200, by its content type; the answer
+/// carries `cache-control: no-store`, so no cache keeps it for anyone else.
 pub(crate) fn content_type(
     method: &Method,
     version: Version,
@@ -41,7 +42,10 @@ pub(crate) fn content_type(
             && matches!(bytes.get(prefix.len()), None | Some(b'+' | b';'))
     };
     if is(b"application/grpc-web") || is(b"application/grpc-web-text") {
-        return Some(value.clone());
+        // The type and subtype the client sent, not its parameters.
+        let end = bytes.iter().position(|&b| b == b';').unwrap_or(bytes.len());
+        let bare = bytes[..end].trim_ascii_end();
+        return HeaderValue::from_bytes(bare).ok();
     }
     (is(b"application/grpc") && version == Version::HTTP_2)
         .then(|| HeaderValue::from_static("application/grpc"))
@@ -135,6 +139,12 @@ mod tests {
             let h1 = content_type(&Method::POST, Version::HTTP_11, &with_type(web));
             assert_eq!(h1, Some(HeaderValue::from_static(web)), "{web}");
         }
+        // Its parameters are not echoed.
+        let with_params = with_type("application/grpc-web+proto ; x=\"<script>\"");
+        assert_eq!(
+            content_type(&Method::POST, Version::HTTP_11, &with_params),
+            Some(HeaderValue::from_static("application/grpc-web+proto"))
+        );
         for other in [
             "application/json",
             "application/grpcx",
