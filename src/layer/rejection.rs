@@ -63,6 +63,11 @@ impl Default for Rejection {
     }
 }
 
+/// The content types of the layer's answers, checked when the crate is compiled: a
+/// `HeaderValue::from_static` of a value chosen at run time checks its bytes on every call.
+const TEXT_PLAIN: HeaderValue = HeaderValue::from_static("text/plain; charset=utf-8");
+const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
+
 /// The problem type draft-ietf-httpapi-ratelimit-headers registers for a refused request.
 const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
 
@@ -109,19 +114,16 @@ impl Rejection {
             return res;
         }
         let (body, content_type) = match &self.body {
-            RejectionBody::Text => (text("\n"), "text/plain; charset=utf-8"),
-            RejectionBody::Problem => (
-                problem(self.status, secs, rule).into_bytes(),
-                "application/problem+json",
-            ),
-            RejectionBody::Custom(f) => (f(&limited()).into_bytes(), "text/plain; charset=utf-8"),
+            RejectionBody::Text => (text("\n"), TEXT_PLAIN),
+            RejectionBody::Problem => (problem(self.status, secs, rule).into_bytes(), PROBLEM_JSON),
+            RejectionBody::Custom(f) => (f(&limited()).into_bytes(), TEXT_PLAIN),
         };
         // Built in place, once: a response moved out of a match is a copy of its whole head.
         let mut res = Response::new(Bytes::from(body));
         *res.status_mut() = self.status;
         let headers = res.headers_mut();
         headers.reserve(4 + self.headers.len());
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+        headers.insert(CONTENT_TYPE, content_type);
         headers.insert(RETRY_AFTER, HeaderValue::from(secs));
         self.add_headers(headers, fields);
         res
@@ -172,10 +174,7 @@ pub(crate) fn failure(
     let mut res = Response::new(Bytes::from(format!("{message}\n")));
     *res.status_mut() = status;
     let headers = res.headers_mut();
-    headers.insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
+    headers.insert(CONTENT_TYPE, TEXT_PLAIN);
     if let Some(retry) = retry {
         headers.insert(RETRY_AFTER, HeaderValue::from(ceil_secs(retry).max(1)));
     }
