@@ -1145,17 +1145,21 @@ async fn a_cost_above_the_burst_is_an_error_and_nothing_is_sent() {
     assert!(ok.sent_ms(tokio::time::Instant::now()).is_empty());
 }
 
+/// Three requests one after the other, "1 a second, burst 5", against an upstream that reports
+/// each call cost `cost` in `X-Request-Cost`, read with `cost_header`: when each was sent, in ms.
+async fn three_reporting_cost(cost: &'static str) -> Vec<u64> {
+    let upstream = Reporting::new(move |_| ok_with("x-request-cost", cost));
+    let limiter =
+        one_a_second_burst_5().cost_header(http::HeaderName::from_static("x-request-cost"));
+    one_by_one(limiter, &upstream, &[None, None, None]).await
+}
+
 #[tokio::test(start_paused = true)]
 async fn what_an_answer_says_a_call_cost_is_settled() {
     let cost_header = || http::HeaderName::from_static("x-request-cost");
     // Each call cost 3, and took 1: 2 more each, as debt. 5 less 3 leaves 2, less 3 more
     // leaves 1 owed, and the third waits 2 s for a token.
-    let dear = Reporting::new(|_| ok_with("x-request-cost", "3"));
-    let limiter = one_a_second_burst_5().cost_header(cost_header());
-    assert_eq!(
-        one_by_one(limiter, &dear, &[None, None, None]).await,
-        [0, 0, 2_000]
-    );
+    assert_eq!(three_reporting_cost("3").await, [0, 0, 2_000]);
     // Each call cost nothing (a cached answer): its token goes back, and seven go at once
     // where five would.
     let free = Reporting::new(|_| ok_with("x-request-cost", "0"));
@@ -1439,14 +1443,8 @@ fn unqueued() -> follow::Sent {
 #[tokio::test(start_paused = true)]
 async fn a_reported_cost_is_rounded_up_and_clamped_to_max_backoff() {
     let cost_header = || http::HeaderName::from_static("x-request-cost");
-    // 2.5 tokens is 3, as for "3": 5 less 3 leaves 2, less 3 more leaves 1 owed, and the
-    // third request waits 2 s.
-    let half = Reporting::new(|_| ok_with("x-request-cost", "2.5"));
-    let limiter = one_a_second_burst_5().cost_header(cost_header());
-    assert_eq!(
-        one_by_one(limiter, &half, &[None, None, None]).await,
-        [0, 0, 2_000]
-    );
+    // 2.5 tokens is 3, as for "3".
+    assert_eq!(three_reporting_cost("2.5").await, [0, 0, 2_000]);
     // Four billion tokens would block the bucket for a century: owed at most what refills in
     // max_backoff (60 s here), so the next request is refused for about a minute.
     let hostile = Reporting::new(|_| ok_with("x-request-cost", "4294967295"));
