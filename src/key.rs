@@ -353,7 +353,16 @@ pub struct KeySecret {
     /// The HMAC with the secret already absorbed, so each key costs two SHA-256 blocks and no
     /// copy of the secret.
     mac: Arc<HmacSha256>,
+    /// The HMAC that signs the middleware's tickets, under a key of its own: the HMAC of the
+    /// secret under a fixed label. Never a MAC made with `mac`, whose outputs for account names
+    /// are written into Redis and tickets in clear, and so can be had for any chosen input.
+    #[cfg(feature = "reqwest")]
+    tickets: Arc<HmacSha256>,
 }
+
+/// The key of the HMAC under which a secret's ticket key is derived from it.
+#[cfg(feature = "reqwest")]
+const TICKET_KEY_LABEL: &[u8] = b"burstgate ticket signing key, version 1";
 
 impl KeySecret {
     /// A secret of at least 16 bytes.
@@ -363,7 +372,19 @@ impl KeySecret {
             return Err(InvalidKey::ShortSecret);
         }
         let mac = HmacSha256::new_from_slice(secret).map_err(|_| InvalidKey::ShortSecret)?;
-        Ok(Self { mac: Arc::new(mac) })
+        #[cfg(feature = "reqwest")]
+        let tickets = {
+            let mut derive = HmacSha256::new_from_slice(TICKET_KEY_LABEL)
+                .map_err(|_| InvalidKey::ShortSecret)?;
+            derive.update(secret);
+            HmacSha256::new_from_slice(&derive.finalize().into_bytes())
+                .map_err(|_| InvalidKey::ShortSecret)?
+        };
+        Ok(Self {
+            mac: Arc::new(mac),
+            #[cfg(feature = "reqwest")]
+            tickets: Arc::new(tickets),
+        })
     }
 
     pub(crate) fn mac(&self, key: &[u8]) -> [u8; 32] {
@@ -372,21 +393,20 @@ impl KeySecret {
         mac.finalize().into_bytes().into()
     }
 
-    /// Whether `tag` is the MAC of `message` under this secret, compared in constant time.
+    /// The signature of a ticket's text, under the ticket key derived from this secret.
     #[cfg(feature = "reqwest")]
-    pub(crate) fn verify(&self, message: &[u8], tag: &[u8]) -> bool {
-        let mut mac = HmacSha256::clone(&self.mac);
-        mac.update(message);
-        mac.verify_slice(tag).is_ok()
+    pub(crate) fn sign_ticket(&self, text: &[u8]) -> [u8; 32] {
+        let mut mac = HmacSha256::clone(&self.tickets);
+        mac.update(text);
+        mac.finalize().into_bytes().into()
     }
 
-    /// A secret of its own for `purpose`, derived from this one, so that one secret's MACs can
-    /// never stand for the other's: the MAC of an account name is written into Redis in clear,
-    /// and must not sign anything.
+    /// Whether `tag` is the signature of a ticket's `text`, compared in constant time.
     #[cfg(feature = "reqwest")]
-    pub(crate) fn derive(&self, purpose: &str) -> Self {
-        let derived = self.mac(format!("burstgate derived secret: {purpose}").as_bytes());
-        Self::new(derived).unwrap_or_else(|_| unreachable!("32 bytes are more than the minimum"))
+    pub(crate) fn verify_ticket(&self, text: &[u8], tag: &[u8]) -> bool {
+        let mut mac = HmacSha256::clone(&self.tickets);
+        mac.update(text);
+        mac.verify_slice(tag).is_ok()
     }
 
     /// A secret drawn from the operating system's random source.
@@ -562,6 +582,28 @@ mod tests {
             .map(|b| format!("{b:02x}"))
             .collect();
         assert_ne!(fp, unsalted);
+    }
+
+    #[test]
+    #[cfg(feature = "reqwest")]
+    fn no_keyed_account_reveals_what_signs_tickets() {
+        let secret = KeySecret::new(b"an application secret, sixteen+").unwrap();
+        let text = b"burstgate-ticket:1:5:1:s:00112233445566778899aabbccddeeff:orders:k";
+        let tag = secret.sign_ticket(text);
+        assert!(secret.verify_ticket(text, &tag));
+        // Whatever account a client names, its keyed bucket key (written into Redis in clear)
+        // is not the ticket key, nor a ticket's signature.
+        for account in [
+            &b"burstgate derived secret: tickets"[..],
+            TICKET_KEY_LABEL,
+            text,
+        ] {
+            let key = BucketKey::keyed("orders", account, &secret).unwrap();
+            let hex: String = tag.iter().map(|b| format!("{b:02x}")).collect();
+            assert!(!key.as_str().contains(&hex));
+        }
+        let other = KeySecret::new(b"another application secret!!").unwrap();
+        assert!(!other.verify_ticket(text, &tag));
     }
 
     #[test]

@@ -41,11 +41,24 @@ pub(crate) fn content_type(
             && bytes[..prefix.len()].eq_ignore_ascii_case(prefix)
             && matches!(bytes.get(prefix.len()), None | Some(b'+' | b';'))
     };
-    if is(b"application/grpc-web") || is(b"application/grpc-web-text") {
-        // The type and subtype the client sent, not its parameters.
-        let end = bytes.iter().position(|&b| b == b';').unwrap_or(bytes.len());
-        let bare = bytes[..end].trim_ascii_end();
-        return HeaderValue::from_bytes(bare).ok();
+    // Answered in one of a few fixed content types, never in text the client wrote.
+    for (base, with_proto) in [
+        (
+            "application/grpc-web-text",
+            "application/grpc-web-text+proto",
+        ),
+        ("application/grpc-web", "application/grpc-web+proto"),
+    ] {
+        if is(base.as_bytes()) {
+            let proto = bytes[base.len()..]
+                .get(..6)
+                .is_some_and(|s| s.eq_ignore_ascii_case(b"+proto"));
+            return Some(HeaderValue::from_static(if proto {
+                with_proto
+            } else {
+                base
+            }));
+        }
     }
     (is(b"application/grpc") && version == Version::HTTP_2)
         .then(|| HeaderValue::from_static("application/grpc"))
@@ -139,12 +152,24 @@ mod tests {
             let h1 = content_type(&Method::POST, Version::HTTP_11, &with_type(web));
             assert_eq!(h1, Some(HeaderValue::from_static(web)), "{web}");
         }
-        // Its parameters are not echoed.
-        let with_params = with_type("application/grpc-web+proto ; x=\"<script>\"");
-        assert_eq!(
-            content_type(&Method::POST, Version::HTTP_11, &with_params),
-            Some(HeaderValue::from_static("application/grpc-web+proto"))
-        );
+        // Nothing the client wrote beyond those is echoed.
+        for (sent, answered) in [
+            (
+                "application/grpc-web+proto ; x=\"<script>\"",
+                "application/grpc-web+proto",
+            ),
+            ("application/grpc-web+x, text/html", "application/grpc-web"),
+            (
+                "application/grpc-web-text+json",
+                "application/grpc-web-text",
+            ),
+        ] {
+            assert_eq!(
+                content_type(&Method::POST, Version::HTTP_11, &with_type(sent)),
+                Some(HeaderValue::from_static(answered)),
+                "{sent}"
+            );
+        }
         for other in [
             "application/json",
             "application/grpcx",

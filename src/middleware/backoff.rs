@@ -135,23 +135,27 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
         None
     }
 
-    /// `extra` tokens owed, at most what refills within [`max_backoff`]: a faulty or hostile
-    /// upstream's cost of four billion would otherwise block the bucket for centuries, and
-    /// take as many store calls to write.
+    /// `extra` tokens owed, at most what refills within [`max_backoff`], and at most
+    /// [`MOST_CHARGES`] bursts: a faulty or hostile upstream's cost of four billion would
+    /// otherwise block the bucket for centuries, and take as many store calls to write, one per
+    /// burst, while the caller waits for its answer.
     ///
     /// [`max_backoff`]: RateLimitMiddleware::max_backoff
     fn owed(&self, key: &BucketKey, limit: Limit, extra: u32) -> u32 {
-        let most =
+        let refilled =
             u128::from(u64::try_from(self.config.max_backoff.as_millis()).unwrap_or(u64::MAX))
                 * u128::from(limit.tokens())
                 / u128::from(limit.interval_ms());
-        let most = u32::try_from(most).unwrap_or(u32::MAX).max(1);
+        let most = refilled
+            .min(u128::from(limit.burst()) * u128::from(MOST_CHARGES))
+            .max(1);
+        let most = u32::try_from(most).unwrap_or(u32::MAX);
         if extra > most {
             tracing::warn!(
                 bucket = key.bucket(),
                 extra,
                 most,
-                "a call owes more tokens than refill within max_backoff; clamped"
+                "a call owes more tokens than refill within max_backoff, or than 64 bursts; clamped"
             );
         }
         extra.min(most)
@@ -190,6 +194,9 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
         }
     }
 }
+
+/// The most store calls a charge makes, one per burst owed.
+const MOST_CHARGES: u32 = 64;
 
 /// A change the upstream's answer asks of the shared bucket.
 pub(super) enum Feedback {

@@ -87,7 +87,8 @@ struct Config {
     default: Option<Route>,
     account_header: Option<HeaderName>,
     key_secret: Option<KeySecret>,
-    /// Signs and checks tickets: derived from the key secret, or drawn at random without one.
+    /// Signs and checks tickets, under a key derived from it: the key secret, or one drawn at
+    /// random without it.
     ticket_secret: KeySecret,
     max_wait: Option<Duration>,
     error_cost: u32,
@@ -159,7 +160,7 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
     #[must_use]
     pub fn key_secret(mut self, secret: KeySecret) -> Self {
         let config = Arc::make_mut(&mut self.config);
-        config.ticket_secret = secret.derive("tickets");
+        config.ticket_secret = secret.clone();
         config.key_secret = Some(secret);
         self
     }
@@ -304,6 +305,7 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
             Some(reservation) => Ok(Some(Ticket::signed(
                 key,
                 reservation,
+                Self::grace(limit, cost),
                 &self.config.ticket_secret,
             ))),
             None => {
@@ -335,7 +337,7 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
             .chain(config.default.as_ref())
             .find(|r| r.bucket() == ticket.bucket())
             .ok_or_else(|| reqwest_middleware::Error::middleware(TicketError::NoRoute))?;
-        if !self.spend(ticket, route.limit).await? {
+        if !self.spend(ticket).await? {
             return Ok(false);
         }
         self.store
@@ -345,21 +347,19 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
         Ok(true)
     }
 
-    /// The end of a ticket's grace: one token period per token of its cost after its turn.
-    fn expiry(ticket: &Ticket, limit: Limit) -> std::time::SystemTime {
-        let grace_ms = u128::from(limit.interval_ms()) * u128::from(ticket.cost())
-            / u128::from(limit.tokens());
-        let grace = Duration::from_millis(u64::try_from(grace_ms).unwrap_or(u64::MAX));
-        crate::clock::add_or_latest(ticket.ready_at(), grace)
+    /// A ticket's grace under `limit`: one token period per token of its cost after its turn.
+    fn grace(limit: Limit, cost: u32) -> Duration {
+        let grace_ms =
+            u128::from(limit.interval_ms()) * u128::from(cost) / u128::from(limit.tokens());
+        Duration::from_millis(u64::try_from(grace_ms).unwrap_or(u64::MAX))
     }
 
     /// Spends the ticket's one-time mark: `false` when it was spent. The mark is kept a second
-    /// past the ticket's grace, after which the ticket is refused as expired anyway: a ticket
-    /// checked just inside its grace must not meet a mark already gone, in a store that counts
-    /// whole milliseconds on a clock of its own.
-    async fn spend(&self, ticket: &Ticket, limit: Limit) -> reqwest_middleware::Result<bool> {
-        let until =
-            crate::clock::add_or_latest(Self::expiry(ticket, limit), Duration::from_secs(1));
+    /// past the end of the ticket's grace, signed into it, after which the ticket is refused as
+    /// expired anyway: a ticket checked just inside its grace must not meet a mark already
+    /// gone, in a store that counts whole milliseconds on a clock of its own.
+    async fn spend(&self, ticket: &Ticket) -> reqwest_middleware::Result<bool> {
+        let until = crate::clock::add_or_latest(ticket.expires_at(), Duration::from_secs(1));
         self.store
             .claim(&ticket.key, &ticket.nonce_hex(), until)
             .await
@@ -401,7 +401,7 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
             let limited = RateLimited::new(early, limit, route.bucket(), 0);
             return Err(reqwest_middleware::Error::middleware(limited));
         }
-        if now > Self::expiry(&ticket, limit) {
+        if now > ticket.expires_at() {
             return refused(TicketError::Expired);
         }
         if let Some(retry) = self.halted_for(&key, limit, &ticket.reservation).await {
@@ -413,7 +413,7 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
             let limited = RateLimited::new(retry, limit, route.bucket(), 0);
             return Err(reqwest_middleware::Error::middleware(limited));
         }
-        if !self.spend(&ticket, limit).await? {
+        if !self.spend(&ticket).await? {
             return refused(TicketError::Spent);
         }
         let sent_at = tokio::time::Instant::now();

@@ -29,29 +29,38 @@ use crate::{BucketKey, KeySecret, Reservation};
 /// HMAC-SHA256 over all of it:
 ///
 /// ```text
-/// burstgate-ticket:1:<slot, ms since the Unix epoch>:<cost>:<source>:<nonce>:<mac>:<bucket>:<key>
+/// burstgate-ticket:1:<slot>:<cost>:<source>:<grace's end>:<nonce>:<mac>:<bucket>:<key>
 /// ```
 ///
 /// What the middleware takes on trust, it checks first:
 ///
-/// - The MAC is the middleware's, under a secret derived from its
+/// - The MAC is the middleware's, under a ticket key derived from its
 ///   [`key_secret`](super::RateLimitMiddleware::key_secret), so a ticket cannot be written or
-///   changed outside it ([`TicketError::Forged`](crate::middleware::TicketError::Forged)). Without a key secret, each
-///   middleware draws a random one, and its tickets do not outlive it: set the same key secret
-///   in every process that sends or cancels another's tickets, and to keep them across a restart.
-///   Keep them across a restart only with a shared store: a `MemoryStore` starts full again, and
-///   every ticket still held would go on top of a full burst.
+///   changed outside it ([`TicketError::Forged`](crate::middleware::TicketError::Forged)).
+///   Without a key secret, each middleware draws a random one, and its tickets do not outlive
+///   it: set the same key secret in every process that sends or cancels another's tickets, and
+///   to keep them across a restart. Keep them across a restart only with a shared store: a
+///   `MemoryStore` starts full again, and every ticket still held would go on top of a full
+///   burst.
 /// - A ticket goes once: its nonce is spent in the store when it is sent or cancelled
-///   ([`BucketStore::claim`](crate::BucketStore::claim)), so a job delivered twice, in whichever
-///   process, sends once ([`TicketError::Spent`](crate::middleware::TicketError::Spent)).
-/// - It goes from its time until one token period per token of its cost after it; later, it
-///   would go with the turns booked after it, and is expired
-///   ([`TicketError::Expired`](crate::middleware::TicketError::Expired)), its tokens spent.
+///   ([`BucketStore::claim`](crate::BucketStore::claim)), so a job delivered twice sends once
+///   ([`TicketError::Spent`](crate::middleware::TicketError::Spent)), in whichever process
+///   shares the store (processes on `MemoryStore`s of their own each spend it in their own).
+///   It is spent just before the request goes: a retry of a ticketed request (reqwest-retry in
+///   front, after a 5xx) meets `Spent`, and so does a send whose spending the store answered
+///   too late to know; book again.
+/// - It goes from its time until one token period per token of its cost after it, an end set
+///   and signed when it was booked; later, it would go with the turns booked after it, and is
+///   expired ([`TicketError::Expired`](crate::middleware::TicketError::Expired)), its tokens
+///   spent.
 /// - It stands for its own bucket and account, and for a request costing no more than it booked.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Ticket {
     pub(super) key: BucketKey,
     pub(super) reservation: Reservation,
+    /// The end of its grace, in ms since the Unix epoch: set when it was booked, and signed,
+    /// so that every process checks it, and keeps its mark, alike.
+    pub(super) until_ms: u64,
     pub(super) nonce: [u8; 16],
     pub(super) mac: [u8; 32],
 }
@@ -84,21 +93,34 @@ impl Ticket {
 }
 
 impl Ticket {
-    /// A ticket for `reservation` in `key`'s bucket, signed under `secret`.
-    pub(super) fn signed(key: BucketKey, reservation: Reservation, secret: &KeySecret) -> Self {
+    /// A ticket for `reservation` in `key`'s bucket, good for `grace` after its slot, signed
+    /// under `secret`.
+    pub(super) fn signed(
+        key: BucketKey,
+        reservation: Reservation,
+        grace: Duration,
+        secret: &KeySecret,
+    ) -> Self {
+        let grace_ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
         let mut ticket = Self {
             key,
             reservation,
+            until_ms: reservation.ready_at_ms().saturating_add(grace_ms),
             nonce: KeySecret::nonce(),
             mac: [0; 32],
         };
-        ticket.mac = secret.mac(ticket.signed_text().as_bytes());
+        ticket.mac = secret.sign_ticket(ticket.signed_text().as_bytes());
         ticket
     }
 
     /// Whether the ticket's MAC is `secret`'s.
     pub(super) fn verify(&self, secret: &KeySecret) -> bool {
-        secret.verify(self.signed_text().as_bytes(), &self.mac)
+        secret.verify_ticket(self.signed_text().as_bytes(), &self.mac)
+    }
+
+    /// When its grace ends: sent later, it is expired.
+    pub(super) fn expires_at(&self) -> SystemTime {
+        crate::clock::add_or_latest(SystemTime::UNIX_EPOCH, Duration::from_millis(self.until_ms))
     }
 
     /// The nonce, as the id of the ticket's one-time mark.
@@ -109,10 +131,11 @@ impl Ticket {
     /// Everything the MAC covers: the text without the MAC.
     fn signed_text(&self) -> String {
         format!(
-            "{TAG}:{}:{}:{}:{}:{}",
+            "{TAG}:{}:{}:{}:{}:{}:{}",
             self.reservation.ready_at_ms(),
             self.reservation.cost(),
             source_code(self.reservation.source()),
+            self.until_ms,
             hex(&self.nonce),
             self.key.as_str()
         )
@@ -158,10 +181,11 @@ impl fmt::Display for Ticket {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{TAG}:{}:{}:{}:{}:{}:{}",
+            "{TAG}:{}:{}:{}:{}:{}:{}:{}",
             self.reservation.ready_at_ms(),
             self.reservation.cost(),
             source_code(self.reservation.source()),
+            self.until_ms,
             hex(&self.nonce),
             hex(&self.mac),
             self.key.as_str()
@@ -174,7 +198,7 @@ impl FromStr for Ticket {
 
     fn from_str(s: &str) -> Result<Self, TicketError> {
         let rest = s.strip_prefix(TAG).and_then(|r| r.strip_prefix(':'));
-        let mut fields = rest.ok_or(TicketError::Malformed)?.splitn(6, ':');
+        let mut fields = rest.ok_or(TicketError::Malformed)?.splitn(7, ':');
         let mut next = || fields.next().ok_or(TicketError::Malformed);
         let number = |s: &str| {
             (!s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
@@ -190,6 +214,7 @@ impl FromStr for Ticket {
             "n" => Source::Nothing,
             _ => return Err(TicketError::Malformed),
         };
+        let until_ms = number(next()?)?;
         let nonce = unhex::<16>(next()?).ok_or(TicketError::Malformed)?;
         let mac = unhex::<32>(next()?).ok_or(TicketError::Malformed)?;
         let key = BucketKey::from_id(next()?).ok_or(TicketError::Malformed)?;
@@ -199,6 +224,7 @@ impl FromStr for Ticket {
         Ok(Self {
             key,
             reservation: Reservation::from_parts(cost, ready_at_ms, source),
+            until_ms,
             nonce,
             mac,
         })
@@ -223,15 +249,14 @@ mod tests {
     use super::*;
 
     fn secret() -> KeySecret {
-        KeySecret::new(b"an application secret, sixteen+")
-            .unwrap()
-            .derive("tickets")
+        KeySecret::new(b"an application secret, sixteen+").unwrap()
     }
 
     fn ticket(key: &str, cost: u32, ready_at_ms: u64) -> Ticket {
         Ticket::signed(
             BucketKey::new("orders", key).expect("a key"),
             Reservation::from_parts(cost, ready_at_ms, Source::Store),
+            Duration::from_millis(500),
             &secret(),
         )
     }
@@ -265,19 +290,18 @@ mod tests {
     #[test]
     fn a_ticket_changed_or_signed_elsewhere_is_forged() {
         let t = ticket("seller-1", 1, 5);
-        let other = KeySecret::new(b"another application secret!!")
-            .unwrap()
-            .derive("tickets");
+        let other = KeySecret::new(b"another application secret!!").unwrap();
         assert!(!t.verify(&other));
-        // Any field changed in the text: an earlier slot, a larger cost, another source or
-        // account, another nonce.
+        // Any field changed in the text: an earlier slot, a larger cost, another source, a
+        // longer grace, another nonce or account.
         let text = t.to_string();
-        let fields: Vec<&str> = text.splitn(8, ':').collect();
+        let fields: Vec<&str> = text.splitn(9, ':').collect();
         for (i, changed) in [
             (2, "4"),
             (3, "3"),
             (4, "n"),
-            (5, "00112233445566778899aabbccddeeff"),
+            (5, "99999"),
+            (6, "00112233445566778899aabbccddeeff"),
         ] {
             let mut f = fields.clone();
             f[i] = changed;
@@ -291,7 +315,7 @@ mod tests {
     #[test]
     fn anything_else_is_malformed() {
         let good = ticket("k", 1, 1).to_string();
-        let fields: Vec<&str> = good.splitn(8, ':').collect();
+        let fields: Vec<&str> = good.splitn(9, ':').collect();
         let with = |i: usize, v: &str| {
             let mut f = fields.clone();
             f[i] = v;
@@ -307,9 +331,10 @@ mod tests {
             with(3, "-1"),
             with(3, "4294967296"),
             with(4, "x"),
-            with(5, "0011"),
-            with(5, "00112233445566778899AABBCCDDEEFF"),
-            with(6, "zz"),
+            with(5, "x"),
+            with(6, "0011"),
+            with(6, "00112233445566778899AABBCCDDEEFF"),
+            with(7, "zz"),
             good.replace(":orders:k", ":orders"),
             good.replace(":orders:k", ":bad name:k"),
             good.replace(":orders:k", ":orders:%41"),

@@ -158,7 +158,8 @@ pub trait BucketStore: Send + Sync + 'static {
     /// Spends the one-time mark `id` of `key`'s bucket until `until`: `true` the first time,
     /// `false` while it is spent. For a booked turn (a middleware
     /// [`Ticket`](crate::middleware::Ticket)) that must be sent, or given back, once, however many
-    /// copies of it a job queue delivers, in whichever process. The bucket itself is not touched.
+    /// copies of it a job queue delivers, in whichever process shares the store. The bucket
+    /// itself is not touched.
     ///
     /// `id` is the caller's (a ticket's random nonce). A mark is kept at least until `until`,
     /// and at most 2^44 ms (about 557 years) ahead; one whose `until` has passed is spent
