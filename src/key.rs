@@ -300,7 +300,7 @@ enum Hashing<'a> {
     Keyed(&'a KeySecret),
 }
 
-fn push_hex(out: &mut String, bytes: &[u8]) {
+pub(crate) fn push_hex(out: &mut String, bytes: &[u8]) {
     for b in bytes {
         // Writing to a String cannot fail.
         let _ = write!(out, "{b:02x}");

@@ -64,7 +64,9 @@ pub(super) struct Sent {
 
 impl Seen {
     /// Records that `key`'s upstream, under `limit`, reported `left` to a request that went
-    /// out as `sent` says, and says whether it has shown a margin lately.
+    /// out as `sent` says, and says whether it has shown a margin lately: `false` without
+    /// asking when that cannot matter (something left, or a request that did not queue) and
+    /// this answer proves nothing.
     pub(super) fn margin(
         &self,
         key: &crate::BucketKey,
@@ -78,6 +80,11 @@ impl Seen {
         let transit = (sent.rtt.as_secs_f64() * 1000.0 + 1.0) * f64::from(limit.tokens())
             / limit.interval_ms() as f64;
         let proof = left >= limit.burst() || (sent.queued && f64::from(left) > transit);
+        // The answer matters only for nothing left at a reserved slot: every other answer
+        // without a proof leaves the table, shared by every worker, unlocked.
+        if !(proof || (left == 0 && sent.queued)) {
+            return false;
+        }
         let believed = (limit.refill_time() * 2).max(std::time::Duration::from_secs(1));
         let mut shown = self
             .shown

@@ -643,26 +643,6 @@ async fn a_reservation_an_upstream_429_stops_past_its_ceiling_is_a_local_429() {
     }
 }
 
-/// Answers every request with a 429 asking for 30 s, without a network.
-struct Upstream429;
-
-#[async_trait::async_trait]
-impl reqwest_middleware::Middleware for Upstream429 {
-    async fn handle(
-        &self,
-        _req: Request,
-        _extensions: &mut Extensions,
-        _next: Next<'_>,
-    ) -> reqwest_middleware::Result<Response> {
-        let mut answer = http::Response::new(Vec::<u8>::new());
-        *answer.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-        answer
-            .headers_mut()
-            .insert("retry-after", http::HeaderValue::from_static("30"));
-        Ok(Response::from(answer))
-    }
-}
-
 /// A `MemoryStore` whose drains wait until the test lets them through, and say when one starts.
 #[derive(Clone)]
 struct HeldDrains {
@@ -768,7 +748,13 @@ fn a_429s_back_off_survives_the_caller_going_away() {
                     .with_clock(clock.clone())
                     .route(route),
             )
-            .with(Upstream429)
+            // Every request answered with a 429 asking for 30 s, without a network.
+            .with(Reporting::new(|_| {
+                (
+                    StatusCode::TOO_MANY_REQUESTS,
+                    vec![("retry-after", "30".to_owned())],
+                )
+            }))
             .build();
 
         let request = tokio::spawn(async move { client.get("http://upstream.test/").send().await });

@@ -4,8 +4,6 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::{Duration, SystemTime};
 
-use std::fmt::Write as _;
-
 use crate::error::TicketError;
 use crate::store::Source;
 use crate::{BucketKey, KeySecret, Reservation};
@@ -152,10 +150,7 @@ fn source_code(source: Source) -> char {
 
 fn hex(bytes: &[u8]) -> String {
     let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        // Writing to a String cannot fail.
-        let _ = write!(out, "{b:02x}");
-    }
+    crate::key::push_hex(&mut out, bytes);
     out
 }
 
