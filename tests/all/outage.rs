@@ -1168,3 +1168,41 @@ impl Seen {
         }
     }
 }
+
+#[tokio::test]
+async fn while_redis_fails_a_lowering_follows_the_policy_and_a_mark_fails_closed() {
+    let clock = ManualClock::new(START);
+    let l = limit(10, 10);
+    let until = std::time::SystemTime::UNIX_EPOCH + Duration::from_millis(START + 60_000);
+    // Fail closed (and fail open, which admits but cannot lower a bucket it does not have):
+    // the lowering and the mark are errors, never a silent yes.
+    for policy in [OutagePolicy::FailClosed, OutagePolicy::FailOpen] {
+        let conn = Switch::detached();
+        conn.set(REFUSING);
+        let store = store(conn, &clock).on_outage(policy);
+        let k = key("follow");
+        assert!(store.lower_to(&k, l, 3).await.is_err(), "{policy:?}");
+        assert!(store.claim(&k, "00ff", until).await.is_err(), "{policy:?}");
+        // A report at or above the burst needs no call, so it is no error.
+        assert_eq!(store.lower_to(&k, l, 10).await.ok(), Some(false));
+    }
+    // Local: the lowering goes to this process's share (5 of 10), and its next decisions follow
+    // it; a mark still fails closed, since no local table can say whether another process spent
+    // it.
+    let conn = Switch::detached();
+    conn.set(REFUSING);
+    let processes = NonZeroU32::new(2).expect("non-zero");
+    let store = store(conn, &clock).on_outage(OutagePolicy::Local { processes });
+    let k = key("follow-local");
+    assert_eq!(store.lower_to(&k, l, 2).await.ok(), Some(true));
+    let mut admitted = 0;
+    for _ in 0..5 {
+        let d = store
+            .acquire(&k, l, 1, ZERO)
+            .await
+            .expect("decided locally");
+        admitted += usize::from(d.is_admitted());
+    }
+    assert_eq!(admitted, 2, "the local share follows the report");
+    assert!(store.claim(&k, "00ff", until).await.is_err());
+}
