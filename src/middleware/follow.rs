@@ -305,6 +305,40 @@ mod tests {
         assert!(!seen.margin(&key("a"), limit, 0, &sent(0, true, 1)));
     }
 
+    /// A flood of made-up accounts, each answered with a full bucket, must not grow the table
+    /// without bound; the margins learned stay, and room comes back once they are forgotten.
+    #[tokio::test(start_paused = true)]
+    async fn a_flood_of_accounts_leaves_the_margins_bounded() {
+        use std::time::Duration;
+
+        let seen = Seen::default();
+        let limit = crate::Limit::per_second(20)
+            .and_then(|l| l.with_burst(10))
+            .unwrap();
+        let key = |account: &str| crate::BucketKey::new("orders", account).unwrap();
+        let full = Sent {
+            expected: 9,
+            queued: false,
+            cost: 1,
+            settled: false,
+            rtt: Duration::from_millis(1),
+        };
+        for n in 0..SEEN_KEYS {
+            assert!(seen.margin(&key(&format!("made-up-{n}")), limit, 10, &full));
+        }
+        // Past the cap, a new account's margin goes unlearned, and the table does not grow,
+        // while every margin already learned is still believed.
+        assert!(!seen.margin(&key("one-more"), limit, 10, &full));
+        assert_eq!(seen.shown.lock().unwrap().len(), SEEN_KEYS);
+        tokio::time::advance(Duration::from_millis(500)).await;
+        assert!(seen.margin(&key("made-up-0"), limit, 10, &full));
+        // Once the other margins are past belief, they make room for new ones; the one shown
+        // again stays.
+        tokio::time::advance(Duration::from_millis(501)).await;
+        assert!(seen.margin(&key("one-more"), limit, 10, &full));
+        assert_eq!(seen.shown.lock().unwrap().len(), 2);
+    }
+
     #[test]
     fn a_vendors_field_is_read_and_following_can_be_off() {
         let mut f = Follow::default();
