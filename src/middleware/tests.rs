@@ -1382,6 +1382,55 @@ async fn a_ticket_goes_once_unchanged_in_its_time_for_its_cost() {
     assert_eq!(upstream.sent_ms(start), [0]);
 }
 
+/// A ticket booked on one host and sent from another whose clock is off: a clock behind sees
+/// it early (the local 429, for as long as the clocks differ), one ahead past the grace sees it
+/// expired; neither sends it or spends it, and the host it was booked on still can.
+#[tokio::test(start_paused = true)]
+async fn a_ticket_sent_from_a_host_whose_clock_is_off_is_never_sent_out_of_its_time() {
+    let upstream = Reporting::new(|_| (StatusCode::OK, Vec::new()));
+    let start = tokio::time::Instant::now();
+    let booking_clock = ManualClock::new(1_000_000);
+    let store = MemoryStore::with_clock(booking_clock.clone());
+    let host = |clock: ManualClock| {
+        let limiter = RateLimitMiddleware::new(store.clone())
+            .with_clock(clock)
+            .route(
+                Route::new("api", Limit::per_second(1).expect("a limit"), "/orders")
+                    .expect("a route"),
+            )
+            .key_secret(ticket_secret());
+        let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+            .with(limiter.clone())
+            .with(upstream.clone())
+            .build();
+        (limiter, client)
+    };
+    let (booking, booking_client) = host(booking_clock.clone());
+    let (_, behind) = host(ManualClock::new(1_000_000 - 10_000));
+    let (_, ahead) = host(ManualClock::new(1_000_000 + 10_000));
+    let ticket = booking
+        .reserve(&orders_request(), &account("seller-1"))
+        .await
+        .expect("booked")
+        .expect("a route");
+
+    let early = send_booked(&behind, "seller-1", Some(ticket.clone()))
+        .await
+        .expect_err("early on a clock 10 s behind");
+    let limited = rate_limited(&early).expect("the local 429");
+    assert_eq!(limited.retry_after(), Duration::from_secs(10));
+    let late = send_booked(&ahead, "seller-1", Some(ticket.clone()))
+        .await
+        .expect_err("past its grace on a clock 10 s ahead");
+    assert_eq!(ticket_error(&late), Some(TicketError::Expired));
+    assert!(upstream.sent_ms(start).is_empty(), "nothing sent");
+
+    send_booked(&booking_client, "seller-1", Some(ticket))
+        .await
+        .expect("sent in its time on the host that booked it");
+    assert_eq!(upstream.sent_ms(start), [0]);
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_upstream_back_off_past_a_booked_slot_refuses_it() {
     // The first request earns a 429 asking for 5 s; the one booked for 1 s must not go then.
