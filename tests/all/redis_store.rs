@@ -1,5 +1,5 @@
-//! What only the Redis store has: its key layout and TTL, script reloading, wrong-type keys,
-//! connection kinds and failures. The shared behaviour is in `conformance.rs`.
+//! What only the Redis store has: its key layout and TTL, script reloading, wrong-type keys and
+//! marks, connection kinds and failures. The shared behaviour is in `conformance.rs`.
 #![cfg(feature = "redis")]
 
 use std::time::Duration;
@@ -202,6 +202,10 @@ async fn a_wrong_type_error_names_the_key_by_fingerprint_never_in_clear() {
                 .await,
             Err(StoreError::WrongType { .. })
         ));
+        assert!(matches!(
+            store.lower_to(key, orders(), 0).await,
+            Err(StoreError::WrongType { .. })
+        ));
         // The value is untouched.
         let after: Vec<u8> = redis::cmd("DUMP")
             .arg(&redis_key)
@@ -210,6 +214,26 @@ async fn a_wrong_type_error_names_the_key_by_fingerprint_never_in_clear() {
             .expect("DUMP");
         assert_eq!(after, dump, "{redis_key} changed");
     }
+}
+
+/// A one-time mark's key that holds a value someone else wrote, of any type, counts as spent:
+/// the claim is refused, not an error, and the value is left as it was.
+#[tokio::test]
+async fn a_mark_someone_else_wrote_counts_as_spent_and_is_left_alone() {
+    let store = RedisStore::new(conn().await)
+        .prefix(&redis_server::unique_prefix())
+        .expect("a valid prefix");
+    let mut c = conn().await;
+    let key = BucketKey::new("marks", "seller-1").expect("a valid key");
+    let mark = format!("{}:t:nonce-1", store.redis_key(&key));
+    let _: () = c.rpush(&mark, "not a mark").await.expect("RPUSH");
+    let until = std::time::SystemTime::now() + Duration::from_secs(60);
+    assert!(!store.claim(&key, "nonce-1", until).await.expect("a claim"));
+    let kept: Vec<String> = c.lrange(&mark, 0, -1).await.expect("LRANGE");
+    assert_eq!(kept, ["not a mark"]);
+    // A mark of its own, beside it, is spent once.
+    assert!(store.claim(&key, "nonce-2", until).await.expect("a claim"));
+    assert!(!store.claim(&key, "nonce-2", until).await.expect("a claim"));
 }
 
 #[tokio::test]
