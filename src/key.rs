@@ -307,8 +307,6 @@ pub(crate) fn push_hex(out: &mut String, bytes: &[u8]) {
     }
 }
 
-/// The process's fingerprint key, drawn from the operating system's random source the first time
-/// a fingerprint is asked for.
 /// 32 bytes from the operating system's random source.
 fn random_bytes() -> [u8; 32] {
     let mut bytes = [0u8; 32];
@@ -326,6 +324,8 @@ fn random_bytes() -> [u8; 32] {
     bytes
 }
 
+/// The process's fingerprint key, drawn from the operating system's random source the first time
+/// a fingerprint is asked for.
 fn fingerprint_salt() -> &'static HmacSha256 {
     static SALT: OnceLock<HmacSha256> = OnceLock::new();
     SALT.get_or_init(|| {
@@ -387,7 +387,7 @@ impl KeySecret {
         })
     }
 
-    pub(crate) fn mac(&self, key: &[u8]) -> [u8; 32] {
+    fn mac(&self, key: &[u8]) -> [u8; 32] {
         let mut mac = HmacSha256::clone(&self.mac);
         mac.update(key);
         mac.finalize().into_bytes().into()
