@@ -484,13 +484,13 @@ where
             return next.run(req, extensions).await;
         };
         let (limit, bucket) = (route.limit, route.bucket.clone());
-        let cost = extensions.get::<Cost>().map_or(route.cost, Cost::tokens);
         let key = self.key(route, &req, extensions);
         if let Some(ticket) = extensions.get::<Ticket>().cloned() {
             return self
                 .send_booked(route, key, ticket, req, extensions, next)
                 .await;
         }
+        let cost = extensions.get::<Cost>().map_or(route.cost, Cost::tokens);
         let max_wait = self
             .config
             .max_wait
