@@ -367,6 +367,104 @@ pub(crate) fn evaluate(
     }
 }
 
+/// One bucket of [`evaluate_all`]: its limit, its stored state and what the request costs there
+/// (in `1..=capacity`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Part {
+    pub(crate) p: Params,
+    pub(crate) state: Option<State>,
+    pub(crate) cost: f64,
+}
+
+/// Takes `cost` tokens from every bucket of `parts` at once, or from none: the request goes when
+/// the last of its buckets has its tokens, `W` after the call (the largest of the buckets' own
+/// waits, counted as each counts its own from the later of now and its stored time), and is
+/// denied when `W` exceeds `max_wait`.
+///
+/// Admitted, every bucket is debited as if the request were served at its slot, the later of
+/// now and its stored time plus `W`:
+///
+/// - A bucket whose own wait is `W` is debited exactly as [`evaluate`] debits it: the slot is
+///   its own refill time.
+/// - Any other is debited its cost, and whatever it would hold above capacity by its slot is
+///   lost, as for a request arriving at the slot (and as [`evaluate`] loses the rounding slack of
+///   a reservation): otherwise the tokens that refill while a request waits on another bucket
+///   would be credited to this one's next caller, and two requests could go out less than
+///   cost/rate apart on it.
+///
+/// Every outcome of an admission has the wait `W`, and its own remaining tokens, reset and time
+/// `at`: the slot its reservation names is `at + W`. A denial writes nothing, unless a stored
+/// time far ahead was moved back, and each outcome carries its bucket's own wait (the request's
+/// is the largest). With one bucket, this is [`evaluate`], to the bit.
+pub(crate) fn evaluate_all(
+    parts: &[Part],
+    now: u64,
+    max_wait: u64,
+) -> (bool, Vec<(Outcome, Option<Write>)>) {
+    let now = time(now);
+    let max_wait = if max_wait > MAX_WAIT {
+        MAX_WAIT as f64
+    } else {
+        max_wait as f64
+    };
+    let seen: Vec<(State, f64, f64, bool, f64)> = parts
+        .iter()
+        .map(|part| {
+            let (s, avail, ts, clamped) = available(&part.p, part.state, now);
+            let wait = if avail >= part.cost {
+                0.0
+            } else {
+                ready_at(&part.p, s.t, s.ts, part.cost) - ts
+            };
+            (s, avail, ts, clamped, wait)
+        })
+        .collect();
+    // Lua's tie rule: the first of equal waits stands.
+    let request_wait = seen.iter().fold(0.0, |w, seen| max(w, seen.4));
+    if request_wait <= max_wait {
+        let outcomes = parts
+            .iter()
+            .zip(&seen)
+            .map(|(part, &(s, avail, ts, _, wait))| {
+                let p = &part.p;
+                let over = if request_wait == 0.0 {
+                    0.0
+                } else if wait == request_wait {
+                    max(0.0, s.t + refill(p, ts + wait - s.ts) - p.capacity)
+                } else {
+                    max(0.0, avail + refill(p, request_wait) - p.capacity)
+                };
+                let w = write(p, avail - part.cost - over, ts);
+                let outcome = Outcome {
+                    allowed: true,
+                    wait: whole(request_wait),
+                    remaining: whole_tokens(w.state.t),
+                    reset: whole(w.full - ts),
+                    at: whole(ts),
+                };
+                (outcome, Some(w))
+            })
+            .collect();
+        return (true, outcomes);
+    }
+    let outcomes = parts
+        .iter()
+        .zip(&seen)
+        .map(|(part, &(s, avail, ts, clamped, wait))| {
+            let p = &part.p;
+            let outcome = Outcome {
+                allowed: false,
+                wait: whole(wait),
+                remaining: whole_tokens(avail),
+                reset: whole(ready_at(p, s.t, s.ts, p.capacity) - ts),
+                at: whole(ts),
+            };
+            (outcome, clamped.then(|| write(p, s.t, s.ts)))
+        })
+        .collect();
+    (false, outcomes)
+}
+
 /// What a bucket holds at `now`, without taking or writing anything.
 pub(crate) fn peek(p: &Params, state: Option<State>, now: u64) -> Outcome {
     let now = time(now);
