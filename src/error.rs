@@ -294,6 +294,26 @@ pub enum StoreError {
         /// The store's bound.
         max: usize,
     },
+    /// An [`acquire_all`](crate::BucketStore::acquire_all) named the same bucket twice. Nothing
+    /// was taken.
+    SameBucketTwice {
+        /// The bucket name, as the program chose it.
+        bucket: String,
+        /// The bucket key's [`fingerprint`](crate::BucketKey::fingerprint), not the key itself.
+        fingerprint: String,
+    },
+    /// An [`acquire_all`](crate::BucketStore::acquire_all) named more buckets than one call
+    /// takes from. Nothing was taken.
+    TooManyAtOnce {
+        /// The buckets named.
+        count: usize,
+        /// The most one call takes from ([`MAX_TAKES`](crate::MAX_TAKES)).
+        max: usize,
+    },
+    /// The buckets of one [`acquire_all`](crate::BucketStore::acquire_all) live in different
+    /// hash slots of a Redis Cluster, which runs a script only on keys of one slot (`CROSSSLOT`).
+    /// Keys of one account share a slot (see `RedisStore`'s "Keys"); nothing was taken.
+    CrossSlot,
     /// The backend failed: connection lost or refused, or it answered something unexpected. The
     /// backend's own error is the [`source`](StdError::source).
     Backend(BackendError),
@@ -341,6 +361,20 @@ impl fmt::Display for StoreError {
             Self::TooManyBuckets { max } => write!(
                 f,
                 "the store holds its most buckets ({max}), all in debt, and cannot take a new key"
+            ),
+            Self::SameBucketTwice {
+                bucket,
+                fingerprint,
+            } => write!(
+                f,
+                "bucket {bucket:?}, key fingerprint {fingerprint}, is named twice in one request"
+            ),
+            Self::TooManyAtOnce { count, max } => write!(
+                f,
+                "one request draws from {count} buckets; at most {max} are taken at once"
+            ),
+            Self::CrossSlot => f.write_str(
+                "the buckets of one request live in different Redis Cluster hash slots; key them by the same account to keep them in one",
             ),
             Self::Backend(e) => fmt::Display::fmt(e, f),
             Self::Timeout { after } => write!(f, "the store did not answer within {after:?}"),

@@ -311,7 +311,9 @@ pub use redis;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use store::{Breaker, OutagePolicy, RedisStore};
-pub use store::{BucketState, BucketStore, Decision, DynBucketStore, MemoryStore, Reservation};
+pub use store::{
+    BucketState, BucketStore, Decision, DynBucketStore, MAX_TAKES, MemoryStore, Reservation, Take,
+};
 
 /// Not part of the stable API: anything here may change or go in any release, patch releases
 /// included. It exists for the tools of this crate's workspace (`tools/`), which speak the

@@ -662,6 +662,14 @@ impl BucketStore for HeldDrains {
         self.inner.acquire(key, limit, cost, max_wait).await
     }
 
+    async fn acquire_all(
+        &self,
+        takes: &[crate::Take<'_>],
+        max_wait: Duration,
+    ) -> Result<Vec<Decision>, StoreError> {
+        self.inner.acquire_all(takes, max_wait).await
+    }
+
     async fn peek(&self, key: &BucketKey, limit: Limit) -> Result<crate::BucketState, StoreError> {
         self.inner.peek(key, limit).await
     }

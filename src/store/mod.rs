@@ -76,6 +76,38 @@ pub trait BucketStore: Send + Sync + 'static {
         max_wait: Duration,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send;
 
+    /// Takes tokens from several buckets for one request, all or none, in one atomic step: an
+    /// API's per-endpoint limit and its per-account one, or two windows ("20/s and 1000/h").
+    ///
+    /// - Every bucket admits, or none is touched: a request refused on one bucket takes nothing
+    ///   from the others, and nobody ever sees their tokens gone meanwhile.
+    /// - The request goes when the last of its buckets has its tokens: every decision's
+    ///   [`wait`](Decision::wait) is that one wait, and each bucket's slot is taken at that
+    ///   time. A bucket that had the tokens sooner is debited as if the request arrived at the
+    ///   slot: what it would refill above its burst meanwhile is lost, so one bucket's wait never
+    ///   lets requests through another faster than its limit.
+    /// - Denied when that wait exceeds `max_wait`; each decision then says its own bucket's
+    ///   [`retry_after`](Decision::retry_after) (zero for a bucket that had the tokens), and
+    ///   the request's is the largest.
+    ///
+    /// The decisions come in the order of `takes`, each with its own
+    /// [`reservation`](Decision::reservation): a request abandoned before it goes gives each
+    /// bucket's tokens back with [`refund`](Self::refund), under that bucket's rules. With one
+    /// bucket this is [`acquire`](Self::acquire), to the last bit of the stored state; with none,
+    /// an empty list.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire`](Self::acquire) for any of the buckets, and before any store is asked:
+    /// [`StoreError::SameBucketTwice`] for a bucket named twice, and
+    /// [`StoreError::TooManyAtOnce`] for more than [`MAX_TAKES`] buckets. On a Redis Cluster
+    /// the buckets must share a hash slot: see [`RedisStore`]'s "Keys".
+    fn acquire_all(
+        &self,
+        takes: &[Take<'_>],
+        max_wait: Duration,
+    ) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send;
+
     /// What the bucket holds now, and the halt of its latest drain
     /// ([`BucketState::halted_until`]), without taking or writing anything.
     fn peek(
@@ -494,6 +526,61 @@ impl BucketState {
     }
 }
 
+/// The most buckets one [`BucketStore::acquire_all`] takes from.
+pub const MAX_TAKES: usize = 16;
+
+/// One bucket of a [`BucketStore::acquire_all`]: the bucket, the limit that governs it, and what
+/// the request costs there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Take<'a> {
+    key: &'a BucketKey,
+    limit: Limit,
+    cost: u32,
+}
+
+impl<'a> Take<'a> {
+    /// `cost` tokens of `key`'s bucket, under `limit`.
+    pub fn new(key: &'a BucketKey, limit: Limit, cost: u32) -> Self {
+        Self { key, limit, cost }
+    }
+
+    /// The bucket.
+    pub fn key(&self) -> &'a BucketKey {
+        self.key
+    }
+
+    /// The limit that governs it.
+    pub fn limit(&self) -> Limit {
+        self.limit
+    }
+
+    /// The tokens the request takes from it.
+    pub fn cost(&self) -> u32 {
+        self.cost
+    }
+}
+
+/// Checks the buckets of an [`acquire_all`](BucketStore::acquire_all) before any store is
+/// asked: their number, each cost against its limit, and that no bucket is named twice (a
+/// store holds a bucket's lock once). The costs, as the arithmetic takes them.
+pub(crate) fn check_takes(takes: &[Take<'_>]) -> Result<Vec<f64>, StoreError> {
+    if takes.len() > MAX_TAKES {
+        return Err(StoreError::TooManyAtOnce {
+            count: takes.len(),
+            max: MAX_TAKES,
+        });
+    }
+    for (i, take) in takes.iter().enumerate() {
+        if takes[..i].iter().any(|t| t.key == take.key) {
+            return Err(StoreError::SameBucketTwice {
+                bucket: take.key.bucket().to_owned(),
+                fingerprint: take.key.fingerprint(),
+            });
+        }
+    }
+    takes.iter().map(|t| check_cost(&t.limit, t.cost)).collect()
+}
+
 /// Checks a cost against a limit before any store is asked.
 pub(crate) fn check_cost(limit: &Limit, cost: u32) -> Result<f64, StoreError> {
     if cost == 0 {
@@ -536,6 +623,13 @@ pub trait DynBucketStore: Send + Sync + 'static {
         cost: u32,
         max_wait: Duration,
     ) -> Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send + 'a>>;
+
+    /// [`BucketStore::acquire_all`], boxed.
+    fn acquire_all_boxed<'a>(
+        &'a self,
+        takes: &'a [Take<'a>],
+        max_wait: Duration,
+    ) -> Pin<Box<dyn Future<Output = Result<Vec<Decision>, StoreError>> + Send + 'a>>;
 
     /// [`BucketStore::peek`], boxed.
     fn peek_boxed<'a>(
@@ -608,6 +702,14 @@ impl<S: BucketStore> DynBucketStore for S {
         max_wait: Duration,
     ) -> BoxFuture<'a, Result<Decision, StoreError>> {
         Box::pin(self.acquire(key, limit, cost, max_wait))
+    }
+
+    fn acquire_all_boxed<'a>(
+        &'a self,
+        takes: &'a [Take<'a>],
+        max_wait: Duration,
+    ) -> BoxFuture<'a, Result<Vec<Decision>, StoreError>> {
+        Box::pin(self.acquire_all(takes, max_wait))
     }
 
     fn peek_boxed<'a>(
@@ -686,6 +788,14 @@ impl BucketStore for Arc<dyn DynBucketStore> {
         max_wait: Duration,
     ) -> Result<Decision, StoreError> {
         (**self).acquire_boxed(key, limit, cost, max_wait).await
+    }
+
+    async fn acquire_all(
+        &self,
+        takes: &[Take<'_>],
+        max_wait: Duration,
+    ) -> Result<Vec<Decision>, StoreError> {
+        (**self).acquire_all_boxed(takes, max_wait).await
     }
 
     async fn peek(&self, key: &BucketKey, limit: Limit) -> Result<BucketState, StoreError> {

@@ -396,13 +396,19 @@ mod keys {
         let keys = [
             (
                 key("ns", "a}{b:c\nd"),
-                format!("{prefix}:v3:ns:a%7D%7Bb%3Ac%0Ad"),
+                format!("{prefix}:v4:ns:{{a%7D%7Bb%3Ac%0Ad}}"),
             ),
-            (key("ns", "{slot}"), format!("{prefix}:v3:ns:%7Bslot%7D")),
-            (key("ns", binary), format!("{prefix}:v3:ns:%00%FF%7B%7D")),
+            (
+                key("ns", "{slot}"),
+                format!("{prefix}:v4:ns:{{%7Bslot%7D}}"),
+            ),
+            (
+                key("ns", binary),
+                format!("{prefix}:v4:ns:{{%00%FF%7B%7D}}"),
+            ),
             (
                 key("ns", &huge),
-                format!("{prefix}:v3:ns:#{}", sha256_hex(&huge)),
+                format!("{prefix}:v4:ns:{{#{}}}", sha256_hex(&huge)),
             ),
         ];
         let mut expected = Vec::new();

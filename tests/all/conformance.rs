@@ -8,7 +8,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use burstgate::{
     BucketKey, BucketStore, DynBucketStore, Limit, ManualClock, MemoryStore, Reservation,
-    StoreError,
+    StoreError, Take,
 };
 
 use crate::support::{START, ZERO, key, limit};
@@ -460,6 +460,147 @@ mod cases {
         }
         assert_eq!(admitted, 50);
     }
+
+    /// An endpoint's limit and its account's, taken at once: all or none, at the later one's
+    /// time, and each bucket debited as at that slot.
+    pub(crate) async fn several_buckets_go_all_or_none<S, F>(make: impl FnOnce(ManualClock) -> F)
+    where
+        S: BucketStore,
+        F: Future<Output = S>,
+    {
+        let clock = ManualClock::new(START);
+        let store = make(clock.clone()).await;
+        let (endpoint, account) = (limit(1, 1_000, 1), limit(10, 1_000, 2));
+        let (e, a) = (key("orders", "seller-1"), key("account", "seller-1"));
+        let both = [Take::new(&e, endpoint, 1), Take::new(&a, account, 1)];
+        let first = store.acquire_all(&both, ZERO).await.expect("decides");
+        assert_eq!(first.len(), 2);
+        assert!(first.iter().all(|d| d.is_admitted() && d.wait() == ZERO));
+        assert_eq!((first[0].remaining(), first[1].remaining()), (0, 1));
+        assert_eq!((first[0].limit(), first[1].limit()), (endpoint, account));
+
+        // Refused on the endpoint alone; the account keeps its token.
+        let denied = store.acquire_all(&both, ZERO).await.expect("decides");
+        assert!(denied.iter().all(|d| !d.is_admitted()));
+        assert_eq!(denied[0].retry_after(), Some(Duration::from_secs(1)));
+        assert_eq!(denied[1].retry_after(), Some(ZERO));
+        assert_eq!(store.peek(&a, account).await.expect("peeks").remaining(), 1);
+
+        // Allowed to wait, both go in a second. The account refills to full by then, and
+        // is debited as at that slot: it then holds one token less than its burst.
+        let queued = store
+            .acquire_all(&both, Duration::from_secs(1))
+            .await
+            .expect("decides");
+        assert!(queued.iter().all(|d| d.is_admitted()));
+        assert!(queued.iter().all(|d| d.wait() == Duration::from_secs(1)));
+        let slot = UNIX_EPOCH + Duration::from_millis(START + 1_000);
+        for d in &queued {
+            assert_eq!(d.reservation().map(|r| r.ready_at()), Some(slot));
+        }
+        clock.advance(Duration::from_secs(1));
+        assert_eq!(store.peek(&a, account).await.expect("peeks").remaining(), 1);
+        assert_eq!(
+            store.peek(&e, endpoint).await.expect("peeks").remaining(),
+            0
+        );
+
+        // One bucket: the plain acquire. None: nothing.
+        let one = store
+            .acquire_all(&[Take::new(&a, account, 1)], ZERO)
+            .await
+            .expect("decides");
+        assert!(one[0].is_admitted() && one[0].remaining() == 0);
+        assert!(
+            store
+                .acquire_all(&[], ZERO)
+                .await
+                .expect("decides")
+                .is_empty()
+        );
+    }
+
+    pub(crate) async fn several_buckets_refuse_bad_requests_whole<S, F>(
+        make: impl FnOnce(ManualClock) -> F,
+    ) where
+        S: BucketStore,
+        F: Future<Output = S>,
+    {
+        let store = make(ManualClock::new(START)).await;
+        let l = limit(1, 1_000, 2);
+        let (e, a) = (key("orders", "seller-2"), key("account", "seller-2"));
+        let twice = [
+            Take::new(&a, l, 1),
+            Take::new(&e, l, 1),
+            Take::new(&a, l, 1),
+        ];
+        assert!(matches!(
+            store.acquire_all(&twice, ZERO).await,
+            Err(StoreError::SameBucketTwice { bucket, .. }) if bucket == "account"
+        ));
+        let costly = [Take::new(&a, l, 1), Take::new(&e, l, 3)];
+        assert!(matches!(
+            store.acquire_all(&costly, ZERO).await,
+            Err(StoreError::CostAboveBurst { cost: 3, burst: 2 })
+        ));
+        let keys: Vec<BucketKey> = (0..=burstgate::MAX_TAKES)
+            .map(|i| key(&format!("b{i}"), "seller-2"))
+            .collect();
+        let many: Vec<Take<'_>> = keys.iter().map(|k| Take::new(k, l, 1)).collect();
+        assert!(matches!(
+            store.acquire_all(&many, ZERO).await,
+            Err(StoreError::TooManyAtOnce { count: 17, max: 16 })
+        ));
+        // Nothing was taken by any of them.
+        for k in [&a, &e] {
+            assert_eq!(store.peek(k, l).await.expect("peeks").remaining(), 2);
+        }
+        let most = store
+            .acquire_all(&many[..burstgate::MAX_TAKES], ZERO)
+            .await
+            .expect("decides");
+        assert!(most.iter().all(|d| d.is_admitted() && d.remaining() == 1));
+    }
+
+    /// Requests on two buckets and requests on one of them, all at once: every request on
+    /// both took from both or from neither.
+    pub(crate) async fn concurrent_requests_on_two_buckets_never_take_one_alone<S, F>(
+        make: impl FnOnce(ManualClock) -> F,
+    ) where
+        S: BucketStore + Clone,
+        F: Future<Output = S>,
+    {
+        let store = make(ManualClock::new(START)).await;
+        let (narrow, wide) = (limit(1, 60_000, 10), limit(1, 60_000, 20));
+        let n = Arc::new(key("narrow", "acct"));
+        let w = Arc::new(key("wide", "acct"));
+        let mut tasks = Vec::new();
+        for i in 0..120 {
+            let (store, n, w) = (store.clone(), Arc::clone(&n), Arc::clone(&w));
+            tasks.push(tokio::spawn(async move {
+                let admitted = if i % 2 == 0 {
+                    let both = [Take::new(&n, narrow, 1), Take::new(&w, wide, 1)];
+                    let d = store.acquire_all(&both, ZERO).await.expect("decides");
+                    d[0].is_admitted()
+                } else {
+                    let d = store.acquire(&w, wide, 1, ZERO).await.expect("decides");
+                    d.is_admitted()
+                };
+                (i % 2 == 0, admitted)
+            }));
+        }
+        let (mut both, mut alone) = (0, 0);
+        for t in tasks {
+            match t.await.expect("the task finishes") {
+                (true, true) => both += 1,
+                (false, true) => alone += 1,
+                _ => {}
+            }
+        }
+        assert_eq!(both + alone, 20, "the wide bucket's burst, exactly");
+        let left = store.peek(&n, narrow).await.expect("peeks").remaining();
+        assert_eq!(left, 10 - both, "{both} requests on both buckets");
+    }
 }
 
 async fn memory(clock: ManualClock) -> MemoryStore<ManualClock> {
@@ -566,6 +707,21 @@ macro_rules! suite {
             #[tokio::test]
             async fn lowering_follows_a_report_down_and_never_up() {
                 cases::lowering_follows_a_report_down_and_never_up($make).await;
+            }
+
+            #[tokio::test]
+            async fn several_buckets_go_all_or_none() {
+                cases::several_buckets_go_all_or_none($make).await;
+            }
+
+            #[tokio::test]
+            async fn several_buckets_refuse_bad_requests_whole() {
+                cases::several_buckets_refuse_bad_requests_whole($make).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn concurrent_requests_on_two_buckets_never_take_one_alone() {
+                cases::concurrent_requests_on_two_buckets_never_take_one_alone($make).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -379,6 +379,17 @@ impl BucketStore for StuckOn {
         self.store.acquire(key, limit, cost, max_wait).await
     }
 
+    async fn acquire_all(
+        &self,
+        takes: &[burstgate::Take<'_>],
+        max_wait: Duration,
+    ) -> Result<Vec<Decision>, StoreError> {
+        if takes.iter().any(|t| t.key().bucket() == self.bucket) {
+            return std::future::pending().await;
+        }
+        self.store.acquire_all(takes, max_wait).await
+    }
+
     async fn peek(&self, key: &BucketKey, limit: Limit) -> Result<BucketState, StoreError> {
         self.store.peek(key, limit).await
     }

@@ -65,7 +65,7 @@ mod auth {
             .expect("decides");
         assert!(!fourth.is_admitted());
         let mut check = conn.clone();
-        assert_eq!(all_keys(&mut check).await, ["auth:v3:orders:seller-1"]);
+        assert_eq!(all_keys(&mut check).await, ["auth:v4:orders:{seller-1}"]);
 
         // The store's Debug output names its prefix and clock, never the connection or its URL.
         let printed = format!("{store:?}");
@@ -127,7 +127,7 @@ mod keys {
                 .iter()
                 .map(|b| format!("{b:02x}"))
                 .collect();
-            let redis_key = format!("burstgate:v3:orders:#{hex}");
+            let redis_key = format!("burstgate:v4:orders:{{#{hex}}}");
             assert_eq!(store.redis_key(&key), redis_key);
             assert!(!format!("{key:?} {key}").contains("tok"), "{key:?}");
             assert!(
@@ -312,7 +312,7 @@ mod tls {
         let mut check = conn.clone();
         assert_eq!(
             all_keys(&mut check).await,
-            ["burstgate:v3:orders:seller-tls"]
+            ["burstgate:v4:orders:{seller-tls}"]
         );
 
         // The same server without the CA: the system roots do not know it, so the handshake

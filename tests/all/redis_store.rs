@@ -33,7 +33,7 @@ async fn a_bucket_is_one_string_under_a_versioned_prefix_with_a_refill_ttl() {
         .expect("a valid prefix")
         .with_clock(clock.clone());
     let key = BucketKey::new("orders", "seller:1").expect("a valid key");
-    let redis_key = format!("{prefix}:v3:orders:seller%3A1");
+    let redis_key = format!("{prefix}:v4:orders:{{seller%3A1}}");
     assert_eq!(store.redis_key(&key), redis_key);
 
     assert!(

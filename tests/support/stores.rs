@@ -25,6 +25,16 @@ impl<S: BucketStore + Clone> BucketStore for SlowReplies<S> {
         decision
     }
 
+    async fn acquire_all(
+        &self,
+        takes: &[burstgate::Take<'_>],
+        max_wait: Duration,
+    ) -> Result<Vec<Decision>, StoreError> {
+        let decisions = self.inner.acquire_all(takes, max_wait).await;
+        tokio::time::sleep(self.delay).await;
+        decisions
+    }
+
     async fn peek(&self, key: &BucketKey, limit: Limit) -> Result<BucketState, StoreError> {
         self.inner.peek(key, limit).await
     }

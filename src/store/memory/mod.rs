@@ -27,7 +27,8 @@ use crate::bucket::{self, Params, State, Write};
 use crate::clock::{Clock, SystemClock, deadline_ms, whole_ms};
 use crate::store::sharding::{self, hash};
 use crate::store::{
-    BucketState, BucketStore, Decision, Reservation, StoreError, check_cost, check_tokens,
+    BucketState, BucketStore, Decision, Reservation, StoreError, Take, check_cost, check_takes,
+    check_tokens,
 };
 use crate::{BucketKey, Limit};
 
@@ -353,6 +354,39 @@ impl<C: Clock> BucketStore for MemoryStore<C> {
             Ok(Err(Full)) => Err(self.too_many()),
             Err(e) => Err(e),
         })
+    }
+
+    fn acquire_all(
+        &self,
+        takes: &[Take<'_>],
+        max_wait: Duration,
+    ) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send {
+        let decided = check_takes(takes).and_then(|costs| {
+            let max_wait = whole_ms(max_wait);
+            let ids: Vec<&str> = takes.iter().map(|t| t.key().as_str()).collect();
+            self.with_buckets(&ids, |states, now| {
+                let parts: Vec<bucket::Part> = takes
+                    .iter()
+                    .zip(states)
+                    .zip(&costs)
+                    .map(|((t, &state), &cost)| bucket::Part {
+                        p: Params::of(&t.limit()),
+                        state,
+                        cost,
+                    })
+                    .collect();
+                let (_, decided) = bucket::evaluate_all(&parts, now, max_wait);
+                decided.into_iter().unzip()
+            })
+            .map_err(|Full| self.too_many())
+        });
+        ready(decided.map(|outcomes: Vec<bucket::Outcome>| {
+            outcomes
+                .into_iter()
+                .zip(takes)
+                .map(|(outcome, t)| Decision::new(outcome, t.limit(), t.cost()))
+                .collect()
+        }))
     }
 
     fn peek(

@@ -9,7 +9,7 @@ use spinning_top::Spinlock;
 use spinning_top::guard::SpinlockGuard;
 
 use super::key::Key;
-use super::table::{FREE, GONE, MAX_TABLE_LEN, Slot, Table, tag_of, wait};
+use super::table::{FREE, GONE, Held, MAX_TABLE_LEN, Slot, Table, tag_of, wait};
 use super::view::{VIEWS, refresh_view};
 use super::{MemoryStore, hash};
 use crate::bucket::{self, State, Write};
@@ -148,6 +148,129 @@ impl<C: Clock> MemoryStore<C> {
                     .insert_unique(hash, entry, |e| self::hash(hasher, e.key.as_bytes()));
             }
             (_, _) => {}
+        }
+        Ok(out)
+    }
+}
+
+impl<C: Clock> MemoryStore<C> {
+    /// Decides on several buckets at once (`BucketStore::acquire_all`), with every one of them
+    /// held for the whole decision.
+    ///
+    /// The lock order that keeps this free of deadlock (docs/DESIGN.md#several-buckets-at-once):
+    /// the shards of the keys first, each once, in ascending order of index, and then the
+    /// buckets. Every other path holds at most one shard and then a bucket of it (a decision
+    /// under the shard's lock, a rebuild), or a bucket alone (the lock-free path), and waits for
+    /// nothing while it holds a bucket; so the buckets taken here are only ever waited for
+    /// while their holders finish. With its shards held, no rebuild can move a bucket to a newer
+    /// table, and no other thread can add or remove a new key, so room for the keys the shards
+    /// do not hold yet is made (or refused) before any bucket is held.
+    pub(super) fn with_buckets<T>(
+        &self,
+        ids: &[&str],
+        f: impl FnOnce(&[Option<State>], u64) -> (T, Vec<Option<Write>>),
+    ) -> Result<T, Full> {
+        let hasher = &self.inner.hasher;
+        let keys: Vec<(u64, usize)> = ids
+            .iter()
+            .map(|id| {
+                let hash = hash(hasher, id.as_bytes());
+                (hash, self.inner.shard_of(hash))
+            })
+            .collect();
+        let mut order: Vec<usize> = keys.iter().map(|&(_, shard)| shard).collect();
+        order.sort_unstable();
+        order.dedup();
+        let now_ms = self.clock.now_ms();
+        let now = bucket::time(now_ms);
+        let mut guards: Vec<SpinlockGuard<'_, Shard>> = order
+            .iter()
+            .map(|&index| lock(&self.inner.shards[index].0))
+            .collect();
+        let guard_of = |shard: usize| order.binary_search(&shard).unwrap_or(0);
+        let cap = self.inner.shard_cap;
+        for (n, shard) in guards.iter_mut().enumerate() {
+            shard.locked_decisions += 1;
+            if shard.wants_rebuild(now) {
+                shard.rebuild(now - GRACE_MS, now, hasher);
+            }
+            let absent = ids
+                .iter()
+                .zip(&keys)
+                .filter(|&(id, &(hash, s))| {
+                    guard_of(s) == n
+                        && shard.table.find(hash, id).is_none()
+                        && shard.new.find(hash, |e| e.key.is(id)).is_none()
+                })
+                .count();
+            if absent > 0 && shard.held() + absent > cap {
+                if now < shard.no_room_until {
+                    return Err(Full);
+                }
+                shard.rebuild_evicting(now, hasher, cap.saturating_sub(absent));
+                self::refresh_view(&self.inner, order[n], &shard.table);
+                if shard.held() + absent > cap {
+                    shard.no_room_until = now + SWEEP_EVERY_MS;
+                    return Err(Full);
+                }
+            }
+        }
+        let (out, writes) = {
+            let held: Vec<Option<Held<'_>>> = ids
+                .iter()
+                .zip(&keys)
+                .map(|(id, &(hash, s))| guards[guard_of(s)].table.hold(hash, id))
+                .collect();
+            let states: Vec<Option<State>> = ids
+                .iter()
+                .zip(&keys)
+                .zip(&held)
+                .map(|((id, &(hash, s)), held)| match held {
+                    Some(held) => Some(held.state()),
+                    None => guards[guard_of(s)]
+                        .new
+                        .find(hash, |e| e.key.is(id))
+                        .map(|e| e.state),
+                })
+                .collect();
+            let (out, mut writes) = f(&states, now_ms);
+            writes.resize(ids.len(), None);
+            for (held, write) in held.iter().zip(writes.iter_mut()) {
+                if let (Some(held), Some(w)) = (held, write.as_ref()) {
+                    held.store(w);
+                    // Written: what is left is for the buckets among the new keys.
+                    *write = None;
+                } else if held.is_some() {
+                    *write = None;
+                }
+            }
+            (out, writes)
+        };
+        // The buckets among the shards' new keys, under the shards' locks still.
+        for ((id, &(hash, s)), write) in ids.iter().zip(&keys).zip(writes) {
+            let Some(w) = write else { continue };
+            let shard = &mut guards[guard_of(s)];
+            match shard.new.find_entry(hash, |e| e.key.is(id)) {
+                Ok(mut found) if w.full > now => {
+                    let entry = found.get_mut();
+                    entry.state = w.state;
+                    entry.full = w.full;
+                }
+                Ok(found) => {
+                    found.remove();
+                }
+                Err(_) if w.full > now => {
+                    let entry = Entry {
+                        key: Key::new(id),
+                        state: w.state,
+                        full: w.full,
+                    };
+                    shard
+                        .new
+                        .insert_unique(hash, entry, |e| self::hash(hasher, e.key.as_bytes()));
+                }
+                Err(_) => {}
+            }
         }
         Ok(out)
     }

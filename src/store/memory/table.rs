@@ -74,6 +74,34 @@ impl Table {
     }
 }
 
+impl Table {
+    /// Whether the table holds `id`'s bucket, without taking its lock: for a caller holding the
+    /// shard's lock, under which no bucket of the current table is gone and no key changes.
+    pub(super) fn find(&self, hash: u64, id: &str) -> Option<()> {
+        let tag = tag_of(hash);
+        let mask = self.index.len().wrapping_sub(1);
+        let mut at = hash as usize & mask;
+        for _ in 0..self.index.len() {
+            let entry = *self.index.get(at)?;
+            if entry == 0 {
+                return None;
+            }
+            if entry >> 24 == tag {
+                let position = (entry & 0xFF_FFFF) as usize;
+                if self
+                    .buckets
+                    .get(position.wrapping_sub(1))
+                    .is_some_and(|slot| slot.key.is(id))
+                {
+                    return Some(());
+                }
+            }
+            at = (at + 1) & mask;
+        }
+        None
+    }
+}
+
 /// A bucket whose lock is held; dropping it releases the lock.
 pub(super) struct Held<'t>(&'t Slot);
 
@@ -90,6 +118,18 @@ impl Held<'_> {
             self.0.write(&w);
         }
         out
+    }
+}
+
+impl Held<'_> {
+    /// The bucket's state, for a decision on several buckets held at once.
+    pub(super) fn state(&self) -> State {
+        self.0.state()
+    }
+
+    /// Writes the bucket's new state, for a decision on several buckets held at once.
+    pub(super) fn store(&self, w: &Write) {
+        self.0.write(w);
     }
 }
 

@@ -676,7 +676,7 @@ async fn lua_and_reference_agree_bit_for_bit() {
         script().get_hash(),
         "the store runs this same script"
     );
-    let key = format!("{}:v3:diff:k", redis_server::unique_prefix());
+    let key = format!("{}:v4:diff:{k}", redis_server::unique_prefix());
     if let Err(e) = corners(&mut conn, &lua, &key).await {
         panic!("the Lua script and bucket.rs disagree:\n{e}");
     }
@@ -1047,7 +1047,7 @@ const MUTANTS: &[(&str, &str)] = &[
 async fn every_single_line_mutant_of_the_script_is_caught() {
     let mut conn = connect().await;
     let source = include_str!("bucket.lua");
-    let key = format!("{}:v3:mutant:k", redis_server::unique_prefix());
+    let key = format!("{}:v4:mutant:{k}", redis_server::unique_prefix());
     let mut report = String::new();
     for (from, to) in MUTANTS {
         assert_eq!(

@@ -23,7 +23,7 @@ use redis::aio::ConnectionLike;
 use crate::clock::{Clock, SystemClock, deadline_ms, whole_ms};
 use crate::store::{
     BackendError, BucketState, BucketStore, Decision, MemoryStore, Reservation, Source, StoreError,
-    check_cost, check_tokens,
+    Take, check_cost, check_takes, check_tokens,
 };
 use crate::{BucketKey, InvalidKey, Limit};
 
@@ -484,6 +484,47 @@ where
                     }
                 }
             }
+        }
+    }
+
+    /// One script call on every bucket (`acquire_all.lua`). The deny cache is not asked: it
+    /// keeps one bucket's denial, and a request on several is decided by Redis; what Redis
+    /// takes here only makes a denial cached meanwhile more certain.
+    async fn acquire_all(
+        &self,
+        takes: &[Take<'_>],
+        max_wait: Duration,
+    ) -> Result<Vec<Decision>, StoreError> {
+        check_takes(takes)?;
+        if takes.is_empty() {
+            return Ok(Vec::new());
+        }
+        let now = self.clock.now_ms();
+        let local = matches!(self.policy, OutagePolicy::Local { .. });
+        if local {
+            for t in takes {
+                self.charge_for_local_admissions(t.key(), t.limit(), now)
+                    .await;
+            }
+        }
+        match self.run_all(takes, now, whole_ms(max_wait)).await {
+            Ok(outcomes) => {
+                if local {
+                    self.last_answer.fetch_max(now, Ordering::Relaxed);
+                    for t in takes {
+                        if let Some(share) = self.local_limit(t.limit()) {
+                            self.local.drain_held(t.key(), share, now);
+                        }
+                    }
+                }
+                Ok(outcomes
+                    .into_iter()
+                    .zip(takes)
+                    .map(|(outcome, t)| Decision::new(outcome, t.limit(), t.cost()))
+                    .collect())
+            }
+            Err(Failure::Fatal(e)) => Err(e),
+            Err(Failure::Outage(e)) => self.acquire_all_in_outage(e, takes, max_wait).await,
         }
     }
 

@@ -12,7 +12,7 @@ use super::RedisStore;
 use super::wire::{Args, Op};
 use crate::bucket::{self, Outcome};
 use crate::clock::{Clock, whole_ms};
-use crate::store::{BucketStore, Decision, Reservation, Source, StoreError};
+use crate::store::{BucketStore, Decision, Reservation, Source, StoreError, Take};
 use crate::{BucketKey, Limit};
 
 /// What a [`RedisStore`](super::RedisStore) answers when Redis cannot decide: the call failed, it
@@ -176,6 +176,93 @@ where
                 }
                 _ => Err(error),
             },
+        }
+    }
+}
+
+impl<C, K> RedisStore<C, K>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+    K: Clock,
+{
+    /// The answer under the policy when Redis could not decide on several buckets at once: as
+    /// [`acquire_in_outage`](Self::acquire_in_outage) answers for one, all or none. Under
+    /// [`OutagePolicy::Local`], the local buckets decide together, atomically, and a bucket whose
+    /// limit has no local share refuses the request with the outage's error.
+    pub(super) async fn acquire_all_in_outage(
+        &self,
+        error: StoreError,
+        takes: &[Take<'_>],
+        max_wait: Duration,
+    ) -> Result<Vec<Decision>, StoreError> {
+        match self.policy {
+            OutagePolicy::FailClosed => Err(error),
+            OutagePolicy::FailOpen => {
+                if !matches!(error, StoreError::Unavailable { .. }) {
+                    tracing::warn!(
+                        target: "burstgate::redis",
+                        buckets = takes.len(),
+                        %error,
+                        "redis failed: admitting (fail open)"
+                    );
+                }
+                let outcome = Outcome {
+                    allowed: true,
+                    wait: 0,
+                    remaining: 0,
+                    reset: 0,
+                    at: self.clock.now_ms().min(bucket::MAX_TIME),
+                };
+                Ok(takes
+                    .iter()
+                    .map(|t| Decision::from(outcome, t.limit(), t.cost(), Source::Nothing))
+                    .collect())
+            }
+            OutagePolicy::Local { .. } => {
+                let mut local = Vec::with_capacity(takes.len());
+                for t in takes {
+                    match self.local_limit(t.limit()) {
+                        Some(share) if t.cost() <= share.burst() => {
+                            local.push(Take::new(t.key(), share, t.cost()));
+                        }
+                        _ => return Err(error),
+                    }
+                }
+                let last = self.last_answer.load(Ordering::Relaxed);
+                for t in &local {
+                    self.local.seed_empty(t.key(), t.limit(), last)?;
+                }
+                let full = {
+                    let touched = self.touched.lock().unwrap_or_else(PoisonError::into_inner);
+                    let new = local
+                        .iter()
+                        .filter(|t| !touched.contains(t.key().as_str()))
+                        .count();
+                    new > 0 && touched.len() + new > self.local.max_buckets()
+                };
+                if full {
+                    return Err(error);
+                }
+                let decided = self.local.acquire_all(&local, max_wait).await?;
+                if decided.first().is_some_and(Decision::is_admitted) {
+                    let mut touched = self.touched.lock().unwrap_or_else(PoisonError::into_inner);
+                    for t in &local {
+                        touched.insert(t.key().as_str().into());
+                    }
+                }
+                Ok(decided
+                    .into_iter()
+                    .zip(takes)
+                    .map(|(d, t)| Decision {
+                        limit: t.limit(),
+                        reservation: Reservation {
+                            source: Source::Local,
+                            ..d.reservation
+                        },
+                        ..d
+                    })
+                    .collect())
+            }
         }
     }
 }

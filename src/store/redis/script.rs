@@ -7,13 +7,20 @@ use redis::aio::ConnectionLike;
 use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 
 use super::RedisStore;
-use super::wire::{Args, RedisKey, Reply, claim, command, delete, parse_reply};
+use super::wire::{
+    Args, RedisKey, Reply, claim, command, command_all, delete, pack_all, parse_all, parse_reply,
+};
 use crate::BucketKey;
+use crate::bucket::Outcome;
 use crate::clock::Clock;
+use crate::store::Take;
 use crate::store::{BackendError, StoreError};
 
 /// The bucket script, `bucket.lua` beside this file; Redis knows it by the SHA-1 of this text.
 const SOURCE: &str = include_str!("bucket.lua");
+
+/// The several-bucket script, `acquire_all.lua` beside this file.
+const ALL_SOURCE: &str = include_str!("acquire_all.lua");
 
 /// The error code the script answers a stored value with that no script could have written.
 pub(super) const CORRUPT_CODE: &str = "BURSTGATE_CORRUPT";
@@ -24,11 +31,44 @@ pub fn script() -> &'static redis::Script {
     SCRIPT.get_or_init(|| redis::Script::new(SOURCE))
 }
 
+/// The several-bucket script, shared as [`script`] is.
+pub(super) fn script_all() -> &'static redis::Script {
+    static SCRIPT: std::sync::OnceLock<redis::Script> = std::sync::OnceLock::new();
+    SCRIPT.get_or_init(|| redis::Script::new(ALL_SOURCE))
+}
+
 impl<C, K> RedisStore<C, K>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
     K: Clock,
 {
+    /// Runs the several-bucket script on the buckets of `takes` (at least one), through the
+    /// circuit breaker and within the timeout, as one bucket's call goes.
+    pub(super) async fn run_all(
+        &self,
+        takes: &[Take<'_>],
+        now: u64,
+        max_wait: u64,
+    ) -> Result<Vec<Outcome>, Failure> {
+        let packed = pack_all(takes, now, max_wait);
+        let first = takes.first().map(Take::key).ok_or_else(|| {
+            Failure::Fatal(StoreError::Backend(BackendError::new(
+                "a call on several buckets named none",
+                None,
+            )))
+        })?;
+        let value = self
+            .send(
+                first,
+                Call::All {
+                    takes,
+                    packed: &packed,
+                },
+            )
+            .await?;
+        parse_all(&value, takes.len()).map_err(Failure::Fatal)
+    }
+
     /// Runs the script for one bucket, through the circuit breaker and within the timeout.
     pub(super) async fn run(
         &self,
@@ -156,6 +196,7 @@ where
             Ok(Err(e)) if e.code() == Some("WRONGTYPE") => {
                 // Redis answered: it is up, the data is wrong.
                 ticket.success();
+                let key = what.named(&e).unwrap_or(key);
                 Err(Failure::Fatal(StoreError::WrongType {
                     bucket: key.bucket().to_owned(),
                     fingerprint: key.fingerprint(),
@@ -163,10 +204,16 @@ where
             }
             Ok(Err(e)) if e.code() == Some(CORRUPT_CODE) => {
                 ticket.success();
+                let key = what.named(&e).unwrap_or(key);
                 Err(Failure::Fatal(StoreError::CorruptBucket {
                     bucket: key.bucket().to_owned(),
                     fingerprint: key.fingerprint(),
                 }))
+            }
+            Ok(Err(e)) if e.code() == Some("CROSSSLOT") => {
+                // A cluster node refused keys of several slots: it is up, the keys are apart.
+                ticket.success();
+                Err(Failure::Fatal(StoreError::CrossSlot))
             }
             Ok(Err(e)) if is_redirect(&e) => {
                 // A slot on the move: the nodes are up and answering. The call failed, but this
@@ -262,9 +309,27 @@ enum Call<'a> {
     Delete,
     /// A `SET NX PX` of a one-time mark beside the key.
     Claim { id: &'a str, ttl_ms: u64 },
+    /// The several-bucket script on these buckets, with this argument.
+    All {
+        takes: &'a [Take<'a>],
+        packed: &'a [u8],
+    },
 }
 
-impl Call<'_> {
+impl<'a> Call<'a> {
+    /// The bucket a script's error names by its place among the keys (`... at key 2 ...`), for
+    /// a call on several buckets.
+    fn named(&self, e: &RedisError) -> Option<&'a BucketKey> {
+        let Self::All { takes, .. } = *self else {
+            return None;
+        };
+        let detail = e.detail()?;
+        let at = detail.find("at key ")? + "at key ".len();
+        let digits: &str = detail[at..].split(' ').next()?;
+        let place: usize = digits.parse().ok()?;
+        takes.get(place.checked_sub(1)?).map(Take::key)
+    }
+
     /// The `op` label of the store's call-latency metric.
     #[cfg(feature = "metrics")]
     fn name(&self) -> &'static str {
@@ -272,6 +337,7 @@ impl Call<'_> {
             Self::Script { args, .. } => args.op.name(),
             Self::Delete => "reset",
             Self::Claim { .. } => "claim",
+            Self::All { .. } => "acquire_all",
         }
     }
 }
@@ -288,6 +354,21 @@ async fn invoke(
         Call::Script { now, args } => (now, args),
         Call::Delete => return delete(redis_key).query_async(conn).await,
         Call::Claim { id, ttl_ms } => return claim(redis_key, id, ttl_ms).query_async(conn).await,
+        Call::All { takes, packed } => {
+            let sha = script_all().get_hash();
+            let prefix = redis_key.prefix;
+            return match command_all("EVALSHA", sha, prefix, takes, packed)
+                .query_async(conn)
+                .await
+            {
+                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    command_all("EVAL", ALL_SOURCE, prefix, takes, packed)
+                        .query_async(conn)
+                        .await
+                }
+                done => done,
+            };
+        }
     };
     let packed = args.pack(now);
     let sha = script().get_hash();

@@ -14,18 +14,19 @@ use super::RedisStore;
 pub use super::script::script;
 use crate::bucket::{self, Outcome, Params, State};
 use crate::clock::whole_ms;
-use crate::store::{BackendError, StoreError, check_cost};
+use crate::store::{BackendError, StoreError, Take, check_cost};
 use crate::{BucketKey, Limit};
 
-/// The version of the stored format, part of every key: a change of the stored type moves to new
-/// keys instead of meeting old values. 1 was a hash `{t, ts}` with decimal fields; 2 one 16-byte
-/// string, `t` and `ts` as little-endian `f64`s; 3 is one 24-byte string, the same two numbers
-/// and then the time until which the key is kept, or 32 bytes with a drain's halt after them.
-/// The halt came later, in the same format: a 24-byte value reads as a bucket with no halt, as
-/// it always did.
-pub(super) const FORMAT: u32 = 3;
+/// The version of the key scheme and stored format, part of every key: a change of either moves
+/// to new keys instead of meeting old values. 1 was a hash `{t, ts}` with decimal fields; 2 one
+/// 16-byte string, `t` and `ts` as little-endian `f64`s; 3 one 24-byte string, the same two
+/// numbers and then the time until which the key is kept, or 32 bytes with a drain's halt after
+/// them. 4 stores the same values as 3 under keys whose caller key is a Redis Cluster hash tag,
+/// `<prefix>:v4:<bucket>:{<key>}`, so that every bucket of one caller (an account's endpoint
+/// buckets and its own) lives in one slot, where one script can take from them all at once.
+pub(super) const FORMAT: u32 = 4;
 /// What goes between the prefix and the bucket in every key: the format version.
-const FORMAT_PART: &str = ":v3:";
+const FORMAT_PART: &str = ":v4:";
 
 /// The length of a stored value: three `f64`s, or four with a halt.
 const STATE_LEN: usize = 24;
@@ -39,8 +40,14 @@ pub(super) struct RedisKey<'a> {
 }
 
 impl RedisKey<'_> {
-    fn parts(&self) -> [&str; 3] {
-        [self.prefix, FORMAT_PART, self.key.as_str()]
+    /// `<prefix>:v4:<bucket>:{<key>}`: the caller's key, escaped or hashed, is the key's only
+    /// hash tag, as neither a prefix, a bucket name nor an escaped key holds a brace.
+    fn parts(&self) -> [&str; 6] {
+        let whole = self.key.as_str();
+        let bucket = self.key.bucket();
+        // `<bucket>:<key>`, the bucket a checked name of ASCII bytes.
+        let caller = whole.get(bucket.len() + 1..).unwrap_or(whole);
+        [self.prefix, FORMAT_PART, bucket, ":{", caller, "}"]
     }
 }
 
@@ -323,6 +330,94 @@ pub(super) fn decode(value: &[u8]) -> Option<State> {
         t: f64::from_le_bytes(*t),
         ts: f64::from_le_bytes(*ts),
     })
+}
+
+/// The several-bucket script's one argument: `now` and `max_wait`, then for each bucket its
+/// tokens, interval, capacity, the request's cost there, and its limit's lead bound and most
+/// debt, each a little-endian `f64` (see `acquire_all.lua`).
+pub(super) fn pack_all(takes: &[Take<'_>], now: u64, max_wait: u64) -> Vec<u8> {
+    let mut packed = Vec::with_capacity(16 + 48 * takes.len());
+    for v in [now as f64, max_wait as f64] {
+        packed.extend_from_slice(&v.to_le_bytes());
+    }
+    for take in takes {
+        let p = Params::of(&take.limit());
+        for v in [
+            p.tokens,
+            p.interval,
+            p.capacity,
+            f64::from(take.cost()),
+            p.lead(),
+            p.most_debt(),
+        ] {
+            packed.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+    packed
+}
+
+/// One call of the several-bucket script on the buckets of `takes`, in their order.
+pub(super) fn command_all(
+    name: &str,
+    script: &str,
+    prefix: &str,
+    takes: &[Take<'_>],
+    packed: &[u8],
+) -> Cmd {
+    let mut cmd = Cmd::with_capacity(
+        4 + takes.len(),
+        name.len() + script.len() + 3 + 270 * takes.len() + packed.len(),
+    );
+    cmd.arg(name).arg(script).arg(takes.len());
+    for take in takes {
+        cmd.arg(redis_key_arg(RedisKey {
+            prefix,
+            key: take.key(),
+        }));
+    }
+    cmd.arg(packed);
+    cmd
+}
+
+/// The several-bucket script's reply to a call on `n` buckets: five whole `f64`s for each
+/// (`allowed, wait, remaining, reset, at`), every one allowed or none.
+pub(super) fn parse_all(value: &Value, n: usize) -> Result<Vec<Outcome>, StoreError> {
+    let bad = || {
+        StoreError::Backend(BackendError::new(
+            "the several-bucket script answered something other than a decision on each bucket",
+            None,
+        ))
+    };
+    let Value::BulkString(bytes) = value else {
+        return Err(bad());
+    };
+    if bytes.len() != 40 * n {
+        return Err(bad());
+    }
+    let outcomes = bytes
+        .chunks_exact(40)
+        .map(|chunk| {
+            let mut whole = [0u64; 5];
+            for (w, number) in whole.iter_mut().zip(chunk.chunks_exact(8)) {
+                let mut b = [0; 8];
+                b.copy_from_slice(number);
+                *w = to_whole(f64::from_le_bytes(b))?;
+            }
+            let [allowed, wait, remaining, reset, at] = whole;
+            (allowed <= 1).then_some(Outcome {
+                allowed: allowed == 1,
+                wait,
+                remaining,
+                reset,
+                at,
+            })
+        })
+        .collect::<Option<Vec<Outcome>>>()
+        .ok_or_else(bad)?;
+    if outcomes.windows(2).any(|w| w[0].allowed != w[1].allowed) {
+        return Err(bad());
+    }
+    Ok(outcomes)
 }
 
 /// An acquire made as the store makes it, for a program that calls the script itself: the
@@ -661,7 +756,7 @@ mod tests {
                 &[7; PACKED_ARGS]
             ]
         );
-        assert!(named.starts_with("app:v3:orders:"), "{named}");
+        assert_eq!(named, "app:v4:orders:{seller%3A%7B7%7D}");
     }
 
     #[test]

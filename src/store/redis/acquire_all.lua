@@ -1,0 +1,160 @@
+-- burstgate: one request on several buckets at once, all or none, format v3 values. Mirrors
+-- bucket.rs's evaluate_all operation for operation, and reads and writes each bucket as
+-- bucket.lua does (see its header for the stored value): change one, change both, and the
+-- differential test will tell if they still agree to the last bit.
+--
+-- KEYS     the buckets, 1 to 16 of them, all distinct (the store checks; on a Redis Cluster
+--          they must share a hash slot)
+-- ARGV[1]  struct.pack('<dd', now, max_wait) followed, for each key in order, by
+--          struct.pack('<dddddd', tokens, interval, capacity, cost, lead, most_debt): the
+--          limit, the request's cost there, and the limit's lead bound and most debt, as in
+--          bucket.lua
+-- Errors   name the key by its place in KEYS, from 1: 'WRONGTYPE burstgate: the value at key 2
+--          ...' and 'BURSTGATE_CORRUPT burstgate: the value at key 2 ...'
+-- Returns  one string: for each key in order, struct.pack('<ddddd', allowed, wait, remaining,
+--          reset, at), all whole numbers. allowed is the same for every key. Admitted, wait is
+--          the request's (the largest of the keys' own waits) and every key was written;
+--          denied, wait is the key's own, and nothing was written but a stored time far ahead
+--          moved back, as bucket.lua moves it.
+--
+-- Each key is read once (GET) and, if it changes, written once (SET) or twice (a stored time
+-- moved back, and then the admission). Every admission writes by bucket.lua's common tail: the
+-- key is kept until the bucket is full plus one interval, with KEEPTTL when the stored keep
+-- covers that by no more than one interval, and otherwise one interval further, with PX.
+
+local MAX_TIME = 9007199254740991
+local MAX_WAIT = 17592186044416
+local MAX_TOKENS = 4294967296
+
+local n = #KEYS
+if #ARGV[1] ~= 16 + 48 * n then
+  return redis.error_reply('burstgate: the arguments do not match the keys')
+end
+local now, max_wait = struct.unpack('<dd', ARGV[1])
+if now > MAX_TIME then now = MAX_TIME end
+if max_wait > MAX_WAIT then max_wait = MAX_WAIT end
+
+-- ts plus the least whole e >= 0 with t + refill(e) >= target, as in bucket.lua.
+local function ready_at(t, ts, target, tokens, interval)
+  if t >= target then return ts end
+  local e = (target - t) * interval / tokens
+  local whole = e - e % 1
+  if whole < e then e = whole + 1 else e = whole end
+  local n = 0
+  while n < 8 and t + e * tokens / interval < target do e = e + 1; n = n + 1 end
+  while n < 8 and e > 0 and t + (e - 1) * tokens / interval >= target do e = e - 1; n = n + 1 end
+  return ts + e
+end
+
+-- Every bucket read and checked before any is written: a value someone else wrote refuses the
+-- whole request, with nothing changed.
+local b = {}
+for i = 1, n do
+  local tokens, interval, capacity, cost, lead, most_debt =
+    struct.unpack('<dddddd', ARGV[1], 17 + 48 * (i - 1))
+  local t, ts, keep, halt = capacity, now, 0, 0
+  local stored = redis.call('GET', KEYS[i])
+  local moved = false
+  if stored then
+    if #stored == 24 then
+      t, ts, keep = struct.unpack('<ddd', stored)
+    elseif #stored == 32 then
+      t, ts, keep, halt = struct.unpack('<dddd', stored)
+      if not (halt >= 0 and halt <= MAX_TIME and halt % 1 == 0) then
+        return redis.error_reply('BURSTGATE_CORRUPT burstgate: the value at key ' .. i .. ' is not one a bucket script writes')
+      end
+      if not (halt + lead > (now > ts and now or ts)) then halt = 0 end
+    else
+      return redis.error_reply('WRONGTYPE burstgate: the value at key ' .. i .. ' is not a bucket')
+    end
+    if not (t >= -most_debt and t <= MAX_TOKENS
+        and ts >= 0 and ts <= MAX_TIME and ts % 1 == 0) then
+      return redis.error_reply('BURSTGATE_CORRUPT burstgate: the value at key ' .. i .. ' is not one a bucket script writes')
+    end
+    if ts > now + lead then
+      ts = now
+      halt = 0
+      moved = true
+    end
+  end
+  -- elapsed = max(0, now - ts); avail = min(capacity, t + refill(elapsed)); ts2 = max(ts, now)
+  local elapsed = now - ts
+  if not (elapsed > 0) then elapsed = 0 end
+  local avail = t + elapsed * tokens / interval
+  if not (avail < capacity) then avail = capacity end
+  local ts2 = ts
+  if now > ts then ts2 = now end
+  local wait = 0
+  if not (avail >= cost) then wait = ready_at(t, ts, cost, tokens, interval) - ts2 end
+  b[i] = {tokens = tokens, interval = interval, capacity = capacity, cost = cost, t = t,
+    ts = ts, keep = keep, halt = halt, moved = moved, avail = avail, ts2 = ts2, wait = wait}
+end
+
+-- A stored time moved back is stored at once, even on a denial, kept by the first estimate of
+-- the refill time, with no halt (bucket.lua's own move).
+for i = 1, n do
+  local k = b[i]
+  if k.moved then
+    local e = (k.capacity - k.t) * k.interval / k.tokens
+    local whole = e - e % 1
+    if whole < e then e = whole + 1 end
+    if e < 0 then e = 0 end
+    k.keep = k.ts + e + k.interval + k.interval
+    redis.call('SET', KEYS[i], struct.pack('<ddd', k.t, k.ts, k.keep), 'PX',
+      string.format('%d', k.keep - k.ts))
+  end
+end
+
+-- The request's wait: the largest, the first of equal ones standing.
+local request_wait = 0
+for i = 1, n do
+  if b[i].wait > request_wait then request_wait = b[i].wait end
+end
+
+local reply = {}
+if not (request_wait <= max_wait) then
+  for i = 1, n do
+    local k = b[i]
+    local left = 0
+    if k.avail > 0 then left = k.avail - k.avail % 1 end
+    -- A bucket that had the tokens may be full, and full since before ts2.
+    local reset = ready_at(k.t, k.ts, k.capacity, k.tokens, k.interval) - k.ts2
+    if not (reset > 0) then reset = 0 end
+    reply[i] = struct.pack('<ddddd', 0, k.wait, left, reset, k.ts2)
+  end
+  return table.concat(reply)
+end
+
+for i = 1, n do
+  local k = b[i]
+  local tokens, interval, capacity = k.tokens, k.interval, k.capacity
+  -- Debited as at the request's slot: a bucket whose own wait is the request's exactly as
+  -- bucket.lua debits a reservation; any other loses what it would hold above capacity by then.
+  local over = 0
+  if request_wait == 0 then
+    over = 0
+  elseif k.wait == request_wait then
+    over = k.t + (k.ts2 + k.wait - k.ts) * tokens / interval - capacity
+  else
+    over = k.avail + request_wait * tokens / interval - capacity
+  end
+  if not (over > 0) then over = 0 end
+  local t2 = k.avail - k.cost - over
+  local ts2 = k.ts2
+  local full = ready_at(t2, ts2, capacity, tokens, interval)
+  local need = full + interval
+  local keep = k.keep
+  local kept = need <= keep and keep <= need + interval
+  if not kept then keep = need + interval end
+  local stored2 = k.halt == 0 and struct.pack('<ddd', t2, ts2, keep)
+    or struct.pack('<dddd', t2, ts2, keep, k.halt)
+  if kept then
+    redis.call('SET', KEYS[i], stored2, 'KEEPTTL')
+  else
+    redis.call('SET', KEYS[i], stored2, 'PX', string.format('%d', keep - ts2))
+  end
+  local left = 0
+  if t2 > 0 then left = t2 - t2 % 1 end
+  reply[i] = struct.pack('<ddddd', 1, request_wait, left, full - ts2, ts2)
+end
+return table.concat(reply)
