@@ -1,6 +1,7 @@
-//! The rule loop: takes (or reserves) the tokens of each rule that applies, in order, and gives
-//! back what earlier rules took when one refuses. Its [`Verdict`] is what the response future
-//! acts on.
+//! The rule loop: takes (or reserves) the tokens of the rules that apply, and reports the shadow
+//! rules' decisions. One enforcing rule decides alone; two or more decide at once, in one store
+//! call that takes from all of them or from none ([`BucketStore::acquire_all`]). Its
+//! [`Verdict`] is what the response future acts on.
 
 use std::mem;
 use std::sync::Arc;
@@ -16,7 +17,7 @@ use super::info::RateLimitInfo;
 use super::observe::{DecisionEvent, Outcome};
 use super::rejection::{self, Protocol};
 use crate::cancel::RefundGuard;
-use crate::{BucketKey, BucketStore, Decision, Limit, RateLimited, StoreError};
+use crate::{BucketKey, BucketStore, Decision, Limit, RateLimited, StoreError, Take};
 
 /// A list kept inline while it holds one item. Most requests meet one rule or two, and a `Vec`
 /// for the single one would be an allocation per request.
@@ -158,6 +159,17 @@ pub(crate) fn decide<St: BucketStore + Clone>(
     plan: Few<Planned>,
 ) -> impl Future<Output = Verdict<St>> + Send {
     async move {
+        // Asked only of a plan of several rules, so that one rule's request pays nothing for it.
+        if let Few::Many(all) = &plan
+            && all
+                .iter()
+                .filter(|p| !(config.shadow || config.rules[p.rule].shadow))
+                .count()
+                > 1
+        {
+            // Boxed: the common request meets one rule, and its future stays this small.
+            return Box::pin(together(config, plan)).await;
+        }
         // Made on the first tokens it must hold, so that a request that goes at once on one
         // rule never clones the store for it.
         let mut guard: Option<RefundGuard<St>> = None;
@@ -226,6 +238,111 @@ pub(crate) fn decide<St: BucketStore + Clone>(
         let why = refuse(&config, plan, taken.as_slice(), p, outcome);
         Verdict::Reject(Refusal { config, why })
     }
+}
+
+/// Two enforcing rules or more: their tokens taken by one store call, from every rule's bucket
+/// or from none, the request going at the latest of their times, each bucket's slot taken at
+/// that time ([`BucketStore::acquire_all`]); then each shadow rule decides on its own, without
+/// waiting, as in the loop. A refusal takes nothing, so nothing is given back, and nobody else
+/// sees the other rules' tokens gone meanwhile; nor can a rule's wait release requests that
+/// another spaced out, together, faster than its limit.
+async fn together<St: BucketStore + Clone>(
+    config: Arc<Config<St>>,
+    plan: Few<Planned>,
+) -> Verdict<St> {
+    let plan = plan.as_slice();
+    let shadow = |p: &Planned| config.shadow || config.rules[p.rule].shadow;
+    let enforcing: Vec<usize> = (0..plan.len()).filter(|&n| !shadow(&plan[n])).collect();
+    let takes: Vec<Take<'_>> = enforcing
+        .iter()
+        .map(|&n| Take::new(&plan[n].key, plan[n].limit, plan[n].cost))
+        .collect();
+    let decided = config.store.acquire_all(&takes, config.max_wait).await;
+    let decisions = match decided {
+        Ok(decisions) if decisions.len() == enforcing.len() => decisions,
+        Ok(_) => {
+            let e = StoreError::Backend(crate::error::BackendError::new(
+                "the store answered a request on several buckets with another number of decisions",
+                None,
+            ));
+            observe_failure(&config, &plan[enforcing[0]], &e);
+            return Verdict::Reject(Refusal {
+                config,
+                why: Why::Failed(e),
+            });
+        }
+        Err(e) => {
+            // One request, one failure: counted once, on the first rule that enforces.
+            observe_failure(&config, &plan[enforcing[0]], &e);
+            return Verdict::Reject(Refusal {
+                config,
+                why: Why::Failed(e),
+            });
+        }
+    };
+    let mut taken: Vec<Taken> = enforcing
+        .iter()
+        .zip(decisions)
+        .map(|(&planned, decision)| Taken { planned, decision })
+        .collect();
+    if !taken[0].decision.is_admitted() {
+        // The rule whose time is furthest off refused (the first of equal ones); the others
+        // are reported with what they hold, untouched.
+        let refusing = (0..taken.len())
+            .rev()
+            .max_by_key(|&k| taken[k].decision.retry_after())
+            .unwrap_or(0);
+        let refused = taken.remove(refusing);
+        let p = &plan[refused.planned];
+        observe(&config, p, Outcome::Limited, &refused.decision);
+        let why = reject(&config, plan, &taken, p, &refused.decision);
+        return Verdict::Reject(Refusal { config, why });
+    }
+    let wait = taken[0].decision.wait();
+    let shadows = plan.len() - enforcing.len();
+    let mut guard: Option<RefundGuard<St>> = None;
+    for t in &taken {
+        let p = &plan[t.planned];
+        tracing::debug!(
+            bucket = config.rules[p.rule].bucket(),
+            key = %p.key.fingerprint(),
+            remaining = t.decision.remaining(),
+            wait_ms = wait.as_millis() as u64,
+            "admitted"
+        );
+        // Held across the wait and the shadow rules' store calls, as in the loop.
+        if let Some(reservation) = t.decision.reservation()
+            && (shadows > 0 || !wait.is_zero())
+        {
+            guard
+                .get_or_insert_with(|| RefundGuard::new(config.store.clone()))
+                .push(p.key.clone(), p.limit, reservation);
+        }
+    }
+    for (n, p) in plan.iter().enumerate().filter(|(_, p)| shadow(p)) {
+        match config
+            .store
+            .acquire(&p.key, p.limit, p.cost, Duration::ZERO)
+            .await
+        {
+            Ok(decision) => {
+                if let Some(reservation) = decision.reservation()
+                    && (n + 1 < plan.len() || !wait.is_zero())
+                {
+                    guard
+                        .get_or_insert_with(|| RefundGuard::new(config.store.clone()))
+                        .push(p.key.clone(), p.limit, reservation);
+                }
+                taken.push(Taken {
+                    planned: n,
+                    decision,
+                });
+            }
+            Err(e) => observe_failure(&config, p, &e),
+        }
+    }
+    taken.sort_by_key(|t| t.planned);
+    admit(&config, plan, &taken, wait, guard)
 }
 
 /// The verdict on a request every rule admitted (or a shadow rule would have refused): each

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use burstgate::{Breaker, BucketKey, BucketStore, Clock, Limit, ManualClock, RedisStore};
+use burstgate::{Breaker, BucketKey, BucketStore, Clock, Limit, ManualClock, RedisStore, Take};
 use redis::cluster_async::ClusterConnection;
 
 use crate::support::{START, ZERO, key, limit, redis_cluster, redis_server, scan};
@@ -93,6 +93,48 @@ async fn keys_spread_over_every_primary_and_each_decides_on_its_own() {
         }
     }
     assert_eq!(found.len(), names.len());
+}
+
+/// The buckets of one account share its hash tag, so one slot, and one script takes from them
+/// all at once; buckets of accounts in different slots are refused as a whole, untouched.
+#[tokio::test]
+#[ignore = "slow tier: run by .ci/run with --ignored"]
+async fn an_accounts_buckets_share_a_slot_and_go_together() {
+    let cluster = redis_cluster::shared();
+    let store = store(cluster, ManualClock::new(START)).await;
+    let (endpoint, account) = (limit(1, 1_000, 1), limit(10, 1_000, 5));
+    for i in 0..50 {
+        let seller = format!("seller-{i}");
+        let (e, a) = (key("orders", &seller), key("account", &seller));
+        let names = [store.redis_key(&e), store.redis_key(&a)];
+        let slots = cluster.slots_of(&names).expect("slots of the keys");
+        assert_eq!(slots[0], slots[1], "{names:?}");
+        let both = [Take::new(&e, endpoint, 1), Take::new(&a, account, 1)];
+        let d = store.acquire_all(&both, ZERO).await.expect("decides");
+        assert!(d.iter().all(|d| d.is_admitted()), "{seller}: {d:?}");
+        assert_eq!((d[0].remaining(), d[1].remaining()), (0, 4));
+    }
+    // Two sellers whose slots differ: the cluster refuses the script, and neither is touched.
+    let accounts: Vec<BucketKey> = (0..50)
+        .map(|i| key("apart", format!("seller-{i}")))
+        .collect();
+    let names: Vec<String> = accounts.iter().map(|k| store.redis_key(k)).collect();
+    let slots = cluster.slots_of(&names).expect("slots of the keys");
+    let other = (1..names.len())
+        .find(|&i| slots[i] != slots[0])
+        .expect("fifty accounts in more than one slot");
+    let apart = [
+        Take::new(&accounts[0], account, 1),
+        Take::new(&accounts[other], account, 1),
+    ];
+    let refused = store.acquire_all(&apart, ZERO).await;
+    assert!(
+        matches!(refused, Err(burstgate::StoreError::CrossSlot)),
+        "{refused:?}"
+    );
+    for k in [&accounts[0], &accounts[other]] {
+        assert_eq!(store.peek(k, account).await.expect("peeks").remaining(), 5);
+    }
 }
 
 /// A call that returned an error during the load.

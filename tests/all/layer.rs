@@ -448,10 +448,43 @@ impl BucketStore for StuckOn {
     }
 }
 
-/// The tokens an earlier rule took stay guarded while a later rule's store call is in flight:
-/// a client that goes away then gets them back, as it would while waiting.
+/// The tokens the enforcing rules took stay guarded while a shadow rule's store call is in
+/// flight: a client that goes away then gets them back, as it would while waiting.
 #[tokio::test(start_paused = true)]
-async fn dropping_a_request_while_a_later_rule_is_deciding_refunds_the_earlier_rules() {
+async fn dropping_a_request_while_a_shadow_rule_is_deciding_refunds_the_enforcing_rules() {
+    let memory = MemoryStore::with_clock(TokioClock::new());
+    let store = StuckOn {
+        bucket: "global",
+        store: memory.clone(),
+    };
+    let calls = Arc::new(AtomicUsize::new(0));
+    let mut svc = RateLimitLayer::new(store)
+        .rule(per_key(orders()))
+        .rule(global(orders()).shadow(true))
+        .layer(counting(&calls));
+    let k1 = header_bucket("per-key", "k1");
+
+    let mut deciding = Box::pin(
+        svc.ready()
+            .await
+            .expect("the service is ready")
+            .call(request(Some("k1"), "0")),
+    );
+    assert!(poll_once(&mut deciding).await.is_pending());
+    let quota = memory.peek(&k1, orders()).await.expect("peeks");
+    assert_eq!(quota.remaining(), 9, "per-key took its token");
+
+    drop(deciding);
+    yield_a_few_times().await;
+    let quota = memory.peek(&k1, orders()).await.expect("peeks");
+    assert_eq!(quota.remaining(), 10, "and gave it back");
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+}
+
+/// Two enforcing rules decide in one store call: while it is in flight neither bucket shows a
+/// token gone, and a request dropped meanwhile takes nothing from either.
+#[tokio::test(start_paused = true)]
+async fn two_enforcing_rules_take_their_tokens_in_one_call() {
     let memory = MemoryStore::with_clock(TokioClock::new());
     let store = StuckOn {
         bucket: "global",
@@ -472,13 +505,94 @@ async fn dropping_a_request_while_a_later_rule_is_deciding_refunds_the_earlier_r
     );
     assert!(poll_once(&mut deciding).await.is_pending());
     let quota = memory.peek(&k1, orders()).await.expect("peeks");
-    assert_eq!(quota.remaining(), 9, "per-key took its token");
-
+    assert_eq!(
+        quota.remaining(),
+        10,
+        "nothing is taken before the one call decides"
+    );
     drop(deciding);
     yield_a_few_times().await;
     let quota = memory.peek(&k1, orders()).await.expect("peeks");
-    assert_eq!(quota.remaining(), 10, "and gave it back");
+    assert_eq!(quota.remaining(), 10);
     assert_eq!(calls.load(Ordering::SeqCst), 0);
+}
+
+/// Waiting on one rule never releases requests that another spaced out faster than its limit.
+/// A global rule (10 a second, burst 1) whose queue already reaches 3 s out delays two requests
+/// of one key, whose own rule allows one a second: sent when the global queue reaches them, 100
+/// ms apart, they would break it. Taken together, each bucket's slot is taken at the request's
+/// time, and the key's second request goes a second after its first.
+#[tokio::test(start_paused = true)]
+async fn a_wait_on_one_rule_never_compresses_anothers_spacing() {
+    let store = MemoryStore::with_clock(TokioClock::new());
+    let sent: Arc<std::sync::Mutex<Vec<(String, Instant)>>> = Arc::default();
+    let seen = Arc::clone(&sent);
+    let inner = tower::service_fn(move |req: Req| {
+        let key = req
+            .headers()
+            .get(API_KEY)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        seen.lock()
+            .expect("not poisoned")
+            .push((key, Instant::now()));
+        async { Ok::<_, std::convert::Infallible>(Response::new(String::from("ok"))) }
+    });
+    let per_second = Limit::per_second(1).expect("a valid limit");
+    let global_limit = Limit::per_second(10)
+        .and_then(|l| l.with_burst(1))
+        .expect("a valid limit");
+    let svc = RateLimitLayer::new(store)
+        .rule(per_key(per_second))
+        .rule(global(global_limit))
+        .max_wait(Duration::from_secs(10))
+        .layer(inner);
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..30 {
+        let mut svc = svc.clone();
+        tasks.push(tokio::spawn(async move {
+            call(&mut svc, request(Some(&format!("q{i}")), "0"))
+                .await
+                .status()
+        }));
+    }
+    // Every queued request has decided before the key's two arrive.
+    yield_a_few_times().await;
+    for n in 0..2 {
+        let mut svc = svc.clone();
+        tasks.push(tokio::spawn(async move {
+            call(&mut svc, request(Some("k1"), &n.to_string()))
+                .await
+                .status()
+        }));
+    }
+    for t in tasks {
+        assert_eq!(t.await.expect("the task finishes"), StatusCode::OK);
+    }
+    let sent = sent.lock().expect("not poisoned");
+    let k1: Vec<Duration> = sent
+        .iter()
+        .filter(|(k, _)| k == "k1")
+        .map(|(_, at)| at.duration_since(start))
+        .collect();
+    assert_eq!(k1.len(), 2);
+    assert!(k1[0] >= Duration::from_secs(3), "{k1:?}");
+    assert!(
+        k1[1] - k1[0] >= Duration::from_secs(1),
+        "k1's requests went {:?} apart",
+        k1[1] - k1[0]
+    );
+    // And the global rule's own spacing holds throughout.
+    let mut all: Vec<Duration> = sent
+        .iter()
+        .map(|(_, at)| at.duration_since(start))
+        .collect();
+    all.sort();
+    for pair in all.windows(2) {
+        assert!(pair[1] - pair[0] >= Duration::from_millis(100), "{all:?}");
+    }
 }
 
 /// The layer's half of the cancellation rule (`docs/DESIGN.md#cancellation`): the decision runs
