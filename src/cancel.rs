@@ -24,7 +24,7 @@ use crate::{BucketKey, BucketStore, Limit, Reservation};
 #[cfg(feature = "reqwest")]
 use {
     crate::error::BackendError,
-    crate::{Decision, StoreError},
+    crate::{Decision, StoreError, Take},
     std::time::Duration,
 };
 
@@ -106,6 +106,40 @@ pub(crate) async fn acquire_detached<St: BucketStore + Clone>(
             && let Err(e) = store.refund(&key, limit, reservation).await
         {
             tracing::warn!(bucket = key.bucket(), error = %e, "refund failed");
+        }
+    });
+    rx.await.unwrap_or_else(|_| {
+        Err(StoreError::Backend(BackendError::new(
+            "the store call ended without an answer",
+            None,
+        )))
+    })
+}
+
+/// [`acquire_detached`] for several buckets at once (`store.acquire_all`): an admission nobody
+/// is left to receive gives back every bucket's tokens.
+#[cfg(feature = "reqwest")]
+pub(crate) async fn acquire_all_detached<St: BucketStore + Clone>(
+    store: &St,
+    buckets: Vec<(BucketKey, Limit, u32)>,
+    max_wait: Duration,
+) -> Result<Vec<Decision>, StoreError> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let store = store.clone();
+    tokio::spawn(async move {
+        let takes: Vec<Take<'_>> = buckets
+            .iter()
+            .map(|(key, limit, cost)| Take::new(key, *limit, *cost))
+            .collect();
+        let result = store.acquire_all(&takes, max_wait).await;
+        if let Err(Ok(unreceived)) = tx.send(result) {
+            for (decision, (key, limit, _)) in unreceived.iter().zip(&buckets) {
+                if let Some(reservation) = decision.reservation()
+                    && let Err(e) = store.refund(key, *limit, reservation).await
+                {
+                    tracing::warn!(bucket = key.bucket(), error = %e, "refund failed");
+                }
+            }
         }
     });
     rx.await.unwrap_or_else(|_| {

@@ -61,13 +61,17 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
         )
     }
 
-    /// What the upstream's answer asks of the shared bucket, if anything.
+    /// What the upstream's answer asks of the shared bucket, if anything. `follow` says whether
+    /// the upstream's report of what is left is this bucket's: of a request that draws from
+    /// several, only the first route's bucket follows it (`docs/middleware.md`, "Several
+    /// limits on one request"); a back-off and an error's cost apply to each.
     pub(super) fn feedback(
         &self,
         key: &BucketKey,
         limit: Limit,
         res: &Response,
         sent: &Sent,
+        follow: bool,
     ) -> Option<Feedback> {
         let status = res.status();
         let told = match status {
@@ -102,7 +106,12 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
             let until = until.checked_sub(token_period(limit)).unwrap_or(until);
             return Some(Feedback::Drain { until, retry });
         }
-        if let Some(left) = self.config.follow.remaining(res.headers()) {
+        if let Some(left) = self
+            .config
+            .follow
+            .remaining(res.headers())
+            .filter(|_| follow)
+        {
             // Nothing left at the bucket's pace (the request went at a reserved slot), from an
             // upstream that has shown a margin over the bucket lately: someone else took the
             // margin. A count cannot go below zero, and the bucket, in debt while requests

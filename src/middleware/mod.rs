@@ -10,6 +10,7 @@ mod path;
 #[cfg(feature = "retry")]
 mod retry;
 mod route;
+mod several;
 mod ticket;
 
 pub use self::account::Account;
@@ -30,9 +31,12 @@ use http::{Extensions, HeaderName};
 use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
 
+use self::several::Draw;
 use crate::cancel::{RefundGuard, acquire_detached};
 use crate::clock::{Clock, SystemClock};
-use crate::{BucketKey, BucketStore, Decision, KeySecret, Limit, RateLimited, StoreError};
+use crate::{
+    BucketKey, BucketStore, Decision, KeySecret, Limit, RateLimited, Reservation, StoreError,
+};
 
 /// The local 429 in an error the client returned: the [`RateLimited`] this middleware returns
 /// instead of sending a request its budget does not allow, if that is what `err` is.
@@ -287,63 +291,83 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
         req: &Request,
         extensions: &Extensions,
     ) -> reqwest_middleware::Result<Option<Ticket>> {
-        let Some(route) = self.route_for(req) else {
+        let routes = self.routes_for(req);
+        if routes.is_empty() {
+            return Ok(None);
+        }
+        let draws = self.draws(&routes, req, extensions);
+        let max_wait = self.ceiling(&draws);
+        let decisions = match draws.as_slice() {
+            [one] => vec![
+                self.take(&one.key, one.limit, one.cost, max_wait)
+                    .await
+                    .map_err(reqwest_middleware::Error::middleware)?,
+            ],
+            several => self.take_all(several, max_wait).await?,
+        };
+        if !decisions.iter().all(Decision::is_admitted) {
+            let limited = Self::refusal(&draws, &decisions);
+            return Err(reqwest_middleware::Error::middleware(limited));
+        }
+        // A turn goes within the grace of every bucket it holds: the shortest.
+        let grace = draws
+            .iter()
+            .map(|d| Self::grace(d.limit, d.cost))
+            .min()
+            .unwrap_or(Duration::ZERO);
+        let mut turns = draws
+            .into_iter()
+            .zip(&decisions)
+            .filter_map(|(d, decision)| Some((d.key, decision.reservation()?)));
+        let Some((key, reservation)) = turns.next() else {
             return Ok(None);
         };
-        let limit = route.limit;
-        let cost = extensions.get::<Cost>().map_or(route.cost, Cost::tokens);
-        let key = self.key(route, req, extensions);
-        let max_wait = self
-            .config
-            .max_wait
-            .unwrap_or_else(|| limit.default_max_wait(cost));
-        let decision = self
-            .take(&key, limit, cost, max_wait)
-            .await
-            .map_err(reqwest_middleware::Error::middleware)?;
-        match decision.reservation() {
-            Some(reservation) => Ok(Some(Ticket::signed(
-                key,
-                reservation,
-                Self::grace(limit, cost),
-                &self.config.ticket_secret,
-            ))),
-            None => {
-                let retry = decision.retry_after().unwrap_or(Duration::ZERO);
-                let limited = RateLimited::new(retry, limit, route.bucket(), decision.remaining());
-                Err(reqwest_middleware::Error::middleware(limited))
-            }
-        }
+        Ok(Some(Ticket::signed(
+            key,
+            reservation,
+            turns.collect(),
+            grace,
+            &self.config.ticket_secret,
+        )))
     }
 
     /// Gives back the tokens of a [`Ticket`] whose request will never be sent (the job was
-    /// dropped), through its reservation, as every refund: never above the burst, and only
-    /// while no turn booked after it would move. Under the limit of the route that draws from
-    /// the ticket's bucket. A ticket is given back, or sent, once: `Ok(false)` when it was
+    /// dropped), through its reservations, as every refund: never above the burst, and only
+    /// while no turn booked after it would move. Under the limits of the routes that draw from
+    /// the ticket's buckets. A ticket is given back, or sent, once: `Ok(false)` when it was
     /// spent already, here or in another process.
     ///
     /// # Errors
     ///
     /// [`TicketError::Forged`] when the ticket is not this middleware's,
-    /// [`TicketError::NoRoute`] when no route draws from its bucket, or a [`StoreError`].
+    /// [`TicketError::NoRoute`] when no route draws from one of its buckets, or a
+    /// [`StoreError`].
     pub async fn cancel(&self, ticket: &Ticket) -> reqwest_middleware::Result<bool> {
         let config = &self.config;
         if !ticket.verify(&config.ticket_secret) {
             return Err(reqwest_middleware::Error::middleware(TicketError::Forged));
         }
-        let route = config
-            .routes
-            .iter()
-            .chain(config.default.as_ref())
-            .find(|r| r.bucket() == ticket.bucket())
+        let limits = ticket
+            .buckets()
+            .map(|(key, _)| {
+                config
+                    .routes
+                    .iter()
+                    .chain(config.default.as_ref())
+                    .find(|r| r.bucket() == key.bucket())
+                    .map(|r| r.limit)
+            })
+            .collect::<Option<Vec<Limit>>>()
             .ok_or_else(|| reqwest_middleware::Error::middleware(TicketError::NoRoute))?;
         if !self.spend(ticket).await? {
             return Ok(false);
         }
-        self.store
-            .refund(&ticket.key, route.limit, ticket.reservation)
-            .await
-            .map_err(reqwest_middleware::Error::middleware)?;
+        for ((key, reservation), limit) in ticket.buckets().zip(limits) {
+            self.store
+                .refund(key, limit, *reservation)
+                .await
+                .map_err(reqwest_middleware::Error::middleware)?;
+        }
         Ok(true)
     }
 
@@ -366,84 +390,86 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
             .map_err(reqwest_middleware::Error::middleware)
     }
 
-    /// Sends a request that holds a [`Ticket`]: at or after its time, for the bucket and
-    /// account the request draws from, and unless an upstream back-off passed its slot while
-    /// it waited in the queue; without taking another token.
+    /// Sends a request that holds a [`Ticket`]: at or after its time, for the buckets and
+    /// account the request draws from, and unless an upstream back-off passed one of its slots
+    /// while it waited in the queue; without taking another token.
     async fn send_booked(
         &self,
-        route: &Route,
-        key: BucketKey,
+        draws: &[Draw<'_>],
         ticket: Ticket,
         req: Request,
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
-        let limit = route.limit;
         let refused = |e: TicketError| Err(reqwest_middleware::Error::middleware(e));
         if !ticket.verify(&self.config.ticket_secret) {
             return refused(TicketError::Forged);
         }
-        if ticket.key != key {
+        let booked: Vec<(&BucketKey, &Reservation)> = ticket.buckets().collect();
+        if booked.len() != draws.len() || draws.iter().zip(&booked).any(|(d, (k, _))| d.key != **k)
+        {
             return refused(TicketError::OtherBucket);
         }
-        if ticket.cost() < extensions.get::<Cost>().map_or(route.cost, Cost::tokens) {
+        if draws
+            .iter()
+            .zip(&booked)
+            .any(|(d, (_, r))| r.cost() < d.cost)
+        {
             return refused(TicketError::TooCostly);
         }
+        let first = &draws[0];
         let now = self.clock.now();
         let early = ticket.ready_in(now);
         if !early.is_zero() {
             tracing::debug!(
-                bucket = route.bucket(),
-                key = %key.fingerprint(),
+                bucket = first.route.bucket(),
+                key = %first.key.fingerprint(),
                 early_ms = early.as_millis() as u64,
                 "local 429: a booked request sent before its time"
             );
-            let limited = RateLimited::new(early, limit, route.bucket(), 0);
+            let limited = RateLimited::new(early, first.limit, first.route.bucket(), 0);
             return Err(reqwest_middleware::Error::middleware(limited));
         }
         if now > ticket.expires_at() {
             return refused(TicketError::Expired);
         }
-        if let Some(retry) = self.halted_for(&key, limit, &ticket.reservation).await {
-            tracing::debug!(
-                bucket = route.bucket(),
-                key = %key.fingerprint(),
-                "local 429: an upstream back-off passed a booked slot"
-            );
-            let limited = RateLimited::new(retry, limit, route.bucket(), 0);
-            return Err(reqwest_middleware::Error::middleware(limited));
+        for (d, (_, reservation)) in draws.iter().zip(&booked) {
+            if let Some(retry) = self.halted_for(&d.key, d.limit, reservation).await {
+                tracing::debug!(
+                    bucket = d.route.bucket(),
+                    key = %d.key.fingerprint(),
+                    "local 429: an upstream back-off passed a booked slot"
+                );
+                let limited = RateLimited::new(retry, d.limit, d.route.bucket(), 0);
+                return Err(reqwest_middleware::Error::middleware(limited));
+            }
         }
         if !self.spend(&ticket).await? {
             return refused(TicketError::Spent);
         }
+        let taken: Vec<Reservation> = booked.iter().map(|(_, r)| **r).collect();
         let sent_at = tokio::time::Instant::now();
         let res = next.run(req, extensions).await?;
-        let settle = self.settlement(&key, limit, &res, ticket.reservation);
         // When the turn was booked, and so whether the bucket was spent, is not known here: the
         // answer proves no margin, and lowers nothing.
-        let sent = follow::Sent {
-            expected: 0,
-            queued: false,
-            cost: ticket.reservation.cost(),
-            settled: settle.is_some(),
-            rtt: sent_at.elapsed(),
-        };
-        if let Some(settle) = settle {
-            settle.apply(&self.store, &key, limit).await;
-        }
-        if let Some(feedback) = self.feedback(&key, limit, &res, &sent) {
-            feedback.apply(&self.store, &key, limit).await;
-        }
+        self.after_several(draws, &taken, &res, 0, false, sent_at.elapsed())
+            .await;
         Ok(res)
     }
 
-    fn route_for(&self, req: &Request) -> Option<&Route> {
+    /// Every route that matches the request, in the order they were added; the default route
+    /// when none does; none without a default.
+    fn routes_for(&self, req: &Request) -> Vec<&Route> {
         let config = &self.config;
-        config
+        let matching: Vec<&Route> = config
             .routes
             .iter()
-            .find(|r| r.matches_url(req.method(), req.url()))
-            .or(config.default.as_ref())
+            .filter(|r| r.matches_url(req.method(), req.url()))
+            .collect();
+        if matching.is_empty() {
+            return config.default.iter().collect();
+        }
+        matching
     }
 
     fn key(&self, route: &Route, req: &Request, extensions: &Extensions) -> BucketKey {
@@ -480,16 +506,22 @@ where
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
-        let Some(route) = self.route_for(&req) else {
+        let routes = self.routes_for(&req);
+        let Some(&first) = routes.first() else {
             return next.run(req, extensions).await;
         };
-        let (limit, bucket) = (route.limit, route.bucket.clone());
-        let key = self.key(route, &req, extensions);
+        if routes.len() > 1 {
+            return self.handle_several(&routes, req, extensions, next).await;
+        }
+        let route = first;
         if let Some(ticket) = extensions.get::<Ticket>().cloned() {
+            let draws = self.draws(&routes, &req, extensions);
             return self
-                .send_booked(route, key, ticket, req, extensions, next)
+                .send_booked(&draws, ticket, req, extensions, next)
                 .await;
         }
+        let (limit, bucket) = (route.limit, route.bucket.clone());
+        let key = self.key(route, &req, extensions);
         let cost = extensions.get::<Cost>().map_or(route.cost, Cost::tokens);
         let max_wait = self
             .config
@@ -567,7 +599,7 @@ where
         if let Some(settle) = settle {
             settle.apply(&self.store, &key, limit).await;
         }
-        if let Some(feedback) = self.feedback(&key, limit, &res, &sent) {
+        if let Some(feedback) = self.feedback(&key, limit, &res, &sent, true) {
             feedback.apply(&self.store, &key, limit).await;
         }
         Ok(res)

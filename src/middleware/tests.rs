@@ -336,7 +336,7 @@ fn an_unbounded_max_backoff_and_a_huge_header_drain_without_overflow() {
         .expect("a runtime");
     let quota = runtime
         .block_on(async {
-            if let Some(feedback) = middleware.feedback(&key, limit, &answer, &unqueued()) {
+            if let Some(feedback) = middleware.feedback(&key, limit, &answer, &unqueued(), true) {
                 feedback.apply(&store, &key, limit).await;
             }
             store.peek(&key, limit).await
@@ -499,7 +499,7 @@ proptest! {
             .build()
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
         let quota = runtime.block_on(async {
-            if let Some(feedback) = middleware.feedback(&key, limit, &answer, &unqueued()) {
+            if let Some(feedback) = middleware.feedback(&key, limit, &answer, &unqueued(), true) {
                 feedback.apply(&store, &key, limit).await;
             }
             store.peek(&key, limit).await
@@ -1514,4 +1514,197 @@ async fn a_reported_cost_is_rounded_up_and_clamped_to_max_backoff() {
         (Duration::from_secs(56)..=Duration::from_secs(57)).contains(&retry),
         "{retry:?}"
     );
+}
+
+/// An endpoint's own limit (1 a second, burst 5) and the account's, over every path (one every
+/// 2 s, burst 2): a request to the endpoint matches both.
+fn endpoint_and_account() -> RateLimitMiddleware<MemoryStore<crate::TokioClock>, crate::TokioClock>
+{
+    let clock = crate::TokioClock::new();
+    let endpoint = Limit::per_second(1)
+        .and_then(|l| l.with_burst(5))
+        .expect("a valid limit");
+    let account = Limit::new(1, Duration::from_secs(2))
+        .and_then(|l| l.with_burst(2))
+        .expect("a valid limit");
+    RateLimitMiddleware::new(MemoryStore::with_clock(clock))
+        .with_clock(clock)
+        .route(Route::new("orders", endpoint, "/orders").expect("a route"))
+        .route(Route::new("account", account, "/**").expect("a route"))
+        .key_secret(ticket_secret())
+        .max_wait(Duration::from_secs(60))
+}
+
+/// Sends a request to `path` for seller-1 through `client`.
+async fn to(client: &reqwest_middleware::ClientWithMiddleware, path: &str) -> StatusCode {
+    client
+        .get(format!("http://upstream.test{path}"))
+        .with_extension(Account::new("seller-1"))
+        .send()
+        .await
+        .map(|r| r.status())
+        .expect("sent")
+}
+
+fn through(
+    limiter: RateLimitMiddleware<MemoryStore<crate::TokioClock>, crate::TokioClock>,
+    upstream: &Reporting,
+) -> reqwest_middleware::ClientWithMiddleware {
+    reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+        .with(limiter)
+        .with(upstream.clone())
+        .build()
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_route_that_matches_applies() {
+    // The endpoint alone would let four go at once; the account spaces them two seconds apart
+    // after its burst of two.
+    let upstream = Reporting::new(|_| (StatusCode::OK, Vec::new()));
+    let sent = sends(endpoint_and_account(), &upstream, 3).await;
+    assert_eq!(sent, [0, 0, 2_000, 4_000]);
+    // Another path draws from the account alone, and waits its turn behind them.
+    let upstream = Reporting::new(|_| (StatusCode::OK, Vec::new()));
+    let client = through(endpoint_and_account(), &upstream);
+    let start = tokio::time::Instant::now();
+    to(&client, "/orders").await;
+    to(&client, "/stocks").await;
+    to(&client, "/stocks").await;
+    assert_eq!(upstream.sent_ms(start), [0, 0, 2_000]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_refused_on_one_route_takes_nothing_from_the_other() {
+    // The endpoint: one every 10 s, burst 3. The account: one every 2 s, burst 2.
+    let clock = crate::TokioClock::new();
+    let endpoint = Limit::new(1, Duration::from_secs(10))
+        .and_then(|l| l.with_burst(3))
+        .expect("a valid limit");
+    let account = Limit::new(1, Duration::from_secs(2))
+        .and_then(|l| l.with_burst(2))
+        .expect("a valid limit");
+    let limiter = RateLimitMiddleware::new(MemoryStore::with_clock(clock))
+        .with_clock(clock)
+        .route(Route::new("orders", endpoint, "/orders").expect("a route"))
+        .route(Route::new("account", account, "/**").expect("a route"))
+        .max_wait(Duration::ZERO);
+    let upstream = Reporting::new(|_| (StatusCode::OK, Vec::new()));
+    let client = through(limiter, &upstream);
+    let start = tokio::time::Instant::now();
+    let send = || {
+        client
+            .get("http://upstream.test/orders")
+            .with_extension(Account::new("seller-1"))
+            .send()
+    };
+    send().await.expect("sent");
+    send().await.expect("sent");
+    // The account's burst is spent: refused on it, told when its next token comes.
+    let refused = send().await.expect_err("a local 429");
+    let limited = rate_limited(&refused).expect("the local 429");
+    assert_eq!(limited.bucket(), "account");
+    assert_eq!(limited.retry_after(), Duration::from_secs(2));
+    // The endpoint kept its third token: it goes with the account's next one.
+    tokio::time::advance(Duration::from_secs(2)).await;
+    send().await.expect("sent on the endpoint's last token");
+    // And now the endpoint refuses, its next token 8 s away.
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let refused = send().await.expect_err("a local 429");
+    let limited = rate_limited(&refused).expect("the local 429");
+    assert_eq!(limited.bucket(), "orders");
+    assert_eq!(upstream.sent_ms(start), [0, 0, 2_000]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_upstream_429_backs_off_every_route_and_a_report_lowers_the_first() {
+    // A 429 with five seconds to wait: the account's bucket is drained too, so a request to
+    // another path waits as well.
+    let upstream = Reporting::new(|n| match n {
+        0 => (
+            StatusCode::TOO_MANY_REQUESTS,
+            vec![("retry-after", "5".to_owned())],
+        ),
+        _ => (StatusCode::OK, Vec::new()),
+    });
+    let client = through(endpoint_and_account(), &upstream);
+    let start = tokio::time::Instant::now();
+    to(&client, "/orders").await;
+    to(&client, "/stocks").await;
+    assert_eq!(upstream.sent_ms(start), [0, 5_000]);
+
+    // "Nothing left" is the first route's, the endpoint's: the account keeps its count.
+    let upstream = Reporting::new(|_| ok_with("x-ratelimit-remaining", "0"));
+    let client = through(endpoint_and_account(), &upstream);
+    let start = tokio::time::Instant::now();
+    to(&client, "/orders").await;
+    to(&client, "/stocks").await;
+    to(&client, "/orders").await;
+    // The second goes at once on the account's second token; the third waits for the
+    // endpoint's next (a second after the first) and the account's (two seconds after).
+    assert_eq!(upstream.sent_ms(start), [0, 0, 2_000]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_ticket_books_every_route_at_once_and_gives_every_turn_back() {
+    let upstream = Reporting::new(|_| (StatusCode::OK, Vec::new()));
+    let limiter = endpoint_and_account();
+    let client = through(limiter.clone(), &upstream);
+    let request = || {
+        reqwest::Client::new()
+            .get("http://upstream.test/orders")
+            .build()
+            .expect("a request")
+    };
+    let start = tokio::time::Instant::now();
+    let mut tickets = Vec::new();
+    for _ in 0..3 {
+        let ticket = limiter
+            .reserve(&request(), &account("seller-1"))
+            .await
+            .expect("booked")
+            .expect("routes match");
+        tickets.push(ticket);
+    }
+    // The account's times: now, now, in two seconds.
+    let first = tickets[0].ready_at();
+    assert_eq!(tickets[1].ready_at(), first);
+    assert_eq!(tickets[2].ready_at(), first + Duration::from_secs(2));
+    let text = tickets[2].to_string();
+    assert_eq!(text.matches(';').count(), 1, "{text}");
+    let third: Ticket = text.parse().expect("a ticket");
+    assert_eq!(third, tickets[2]);
+
+    // A ticket of one bucket is refused where two routes apply, and the other way round.
+    let stocks = reqwest::Client::new()
+        .get("http://upstream.test/stocks")
+        .build()
+        .expect("a request");
+    let one = limiter
+        .reserve(&stocks, &account("seller-2"))
+        .await
+        .expect("booked")
+        .expect("a route");
+    let mismatch = client
+        .get("http://upstream.test/orders")
+        .with_extension(Account::new("seller-2"))
+        .with_extension(one)
+        .send()
+        .await
+        .expect_err("refused");
+    assert_eq!(ticket_error(&mismatch), Some(TicketError::OtherBucket));
+
+    // The first two go now. The third, the last queued, is cancelled once: its turn in the
+    // account's queue comes back, and an unbooked request takes it, at two seconds. (Its turn
+    // in the endpoint's bucket, which held tokens to spare, stays spent: a refund never frees
+    // a turn a later one could be booked on.)
+    send_booked(&client, "seller-1", Some(tickets[0].clone()))
+        .await
+        .expect("sent");
+    send_booked(&client, "seller-1", Some(tickets[1].clone()))
+        .await
+        .expect("sent");
+    assert!(limiter.cancel(&third).await.expect("cancelled"));
+    assert!(!limiter.cancel(&third).await.expect("spent"));
+    to(&client, "/stocks").await;
+    assert_eq!(upstream.sent_ms(start), [0, 0, 2_000]);
 }

@@ -30,6 +30,10 @@ use crate::{BucketKey, KeySecret, Reservation};
 /// burstgate-ticket:1:<slot>:<cost>:<source>:<grace's end>:<nonce>:<mac>:<bucket>:<key>
 /// ```
 ///
+/// A request that several routes match books a turn in each of their buckets at once (all or
+/// none, at the latest of their times), and its ticket names each after the first, in the
+/// routes' order, as `;<slot>:<cost>:<source>:<bucket>:<key>` at the end of the text.
+///
 /// What the middleware takes on trust, it checks first:
 ///
 /// - The MAC is the middleware's, under a ticket key derived from its
@@ -51,11 +55,14 @@ use crate::{BucketKey, KeySecret, Reservation};
 ///   and signed when it was booked; later, it would go with the turns booked after it, and is
 ///   expired ([`TicketError::Expired`](crate::middleware::TicketError::Expired)), its tokens
 ///   spent.
-/// - It stands for its own bucket and account, and for a request costing no more than it booked.
+/// - It stands for its own buckets and account, and for a request costing no more than it
+///   booked in each: the routes that match the request must draw from exactly its buckets.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Ticket {
     pub(super) key: BucketKey,
     pub(super) reservation: Reservation,
+    /// The turns booked in the buckets of the other routes the request matched, in order.
+    pub(super) more: Vec<(BucketKey, Reservation)>,
     /// The end of its grace, in ms since the Unix epoch: set when it was booked, and signed,
     /// so that every process checks it, and keeps its mark, alike.
     pub(super) until_ms: u64,
@@ -67,9 +74,13 @@ pub struct Ticket {
 const TAG: &str = "burstgate-ticket:1";
 
 impl Ticket {
-    /// When the request may go: its slot in the bucket's queue.
+    /// When the request may go: its slot in the bucket's queue (the latest of its slots, when
+    /// it booked a turn in several buckets).
     pub fn ready_at(&self) -> SystemTime {
-        self.reservation.ready_at()
+        self.buckets()
+            .map(|(_, r)| r.ready_at())
+            .max()
+            .unwrap_or_else(|| self.reservation.ready_at())
     }
 
     /// How long from `now` until [`ready_at`](Self::ready_at); zero once it has come.
@@ -79,31 +90,42 @@ impl Ticket {
             .unwrap_or(Duration::ZERO)
     }
 
-    /// The tokens booked.
+    /// The tokens booked (in the first route's bucket).
     pub fn cost(&self) -> u32 {
         self.reservation.cost()
     }
 
-    /// The bucket the turn is in.
+    /// The bucket the turn is in (the first route's).
     pub fn bucket(&self) -> &str {
         self.key.bucket()
+    }
+
+    /// Every bucket the turn is in, with what was booked there, the first route's first.
+    pub(super) fn buckets(&self) -> impl Iterator<Item = (&BucketKey, &Reservation)> {
+        std::iter::once((&self.key, &self.reservation)).chain(self.more.iter().map(|(k, r)| (k, r)))
     }
 }
 
 impl Ticket {
-    /// A ticket for `reservation` in `key`'s bucket, good for `grace` after its slot, signed
-    /// under `secret`.
+    /// A ticket for `reservation` in `key`'s bucket and the turns in `more`, good for `grace`
+    /// after its latest slot, signed under `secret`.
     pub(super) fn signed(
         key: BucketKey,
         reservation: Reservation,
+        more: Vec<(BucketKey, Reservation)>,
         grace: Duration,
         secret: &KeySecret,
     ) -> Self {
         let grace_ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
+        let latest = more
+            .iter()
+            .map(|(_, r)| r.ready_at_ms())
+            .fold(reservation.ready_at_ms(), u64::max);
         let mut ticket = Self {
             key,
             reservation,
-            until_ms: reservation.ready_at_ms().saturating_add(grace_ms),
+            more,
+            until_ms: latest.saturating_add(grace_ms),
             nonce: KeySecret::nonce(),
             mac: [0; 32],
         };
@@ -129,14 +151,31 @@ impl Ticket {
     /// Everything the MAC covers: the text without the MAC.
     fn signed_text(&self) -> String {
         format!(
-            "{TAG}:{}:{}:{}:{}:{}:{}",
+            "{TAG}:{}:{}:{}:{}:{}:{}{}",
             self.reservation.ready_at_ms(),
             self.reservation.cost(),
             source_code(self.reservation.source()),
             self.until_ms,
             hex(&self.nonce),
-            self.key.as_str()
+            self.key.as_str(),
+            self.more_text()
         )
+    }
+
+    /// The other buckets' turns, as the text ends with them.
+    fn more_text(&self) -> String {
+        self.more
+            .iter()
+            .map(|(key, r)| {
+                format!(
+                    ";{}:{}:{}:{}",
+                    r.ready_at_ms(),
+                    r.cost(),
+                    source_code(r.source()),
+                    key.as_str()
+                )
+            })
+            .collect()
     }
 }
 
@@ -176,14 +215,15 @@ impl fmt::Display for Ticket {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{TAG}:{}:{}:{}:{}:{}:{}:{}",
+            "{TAG}:{}:{}:{}:{}:{}:{}:{}{}",
             self.reservation.ready_at_ms(),
             self.reservation.cost(),
             source_code(self.reservation.source()),
             self.until_ms,
             hex(&self.nonce),
             hex(&self.mac),
-            self.key.as_str()
+            self.key.as_str(),
+            self.more_text()
         )
     }
 }
@@ -192,33 +232,34 @@ impl FromStr for Ticket {
     type Err = TicketError;
 
     fn from_str(s: &str) -> Result<Self, TicketError> {
-        let rest = s.strip_prefix(TAG).and_then(|r| r.strip_prefix(':'));
+        let mut turns = s.split(';');
+        let first = turns.next().ok_or(TicketError::Malformed)?;
+        let rest = first.strip_prefix(TAG).and_then(|r| r.strip_prefix(':'));
         let mut fields = rest.ok_or(TicketError::Malformed)?.splitn(7, ':');
         let mut next = || fields.next().ok_or(TicketError::Malformed);
-        let number = |s: &str| {
-            (!s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
-                .then(|| s.parse::<u64>().ok())
-                .flatten()
-                .ok_or(TicketError::Malformed)
-        };
-        let ready_at_ms = number(next()?)?;
-        let cost = u32::try_from(number(next()?)?).map_err(|_| TicketError::Malformed)?;
-        let source = match next()? {
-            "s" => Source::Store,
-            "l" => Source::Local,
-            "n" => Source::Nothing,
-            _ => return Err(TicketError::Malformed),
-        };
+        let (ready, cost, source) = (next()?, next()?, next()?);
+        let reservation = turn(ready, cost, source)?;
         let until_ms = number(next()?)?;
         let nonce = unhex::<16>(next()?).ok_or(TicketError::Malformed)?;
         let mac = unhex::<32>(next()?).ok_or(TicketError::Malformed)?;
         let key = BucketKey::from_id(next()?).ok_or(TicketError::Malformed)?;
-        if cost == 0 {
+        let more = turns
+            .map(|text| {
+                let mut fields = text.splitn(4, ':');
+                let mut next = || fields.next().ok_or(TicketError::Malformed);
+                let (ready, cost, source) = (next()?, next()?, next()?);
+                let r = turn(ready, cost, source)?;
+                let key = BucketKey::from_id(next()?).ok_or(TicketError::Malformed)?;
+                Ok((key, r))
+            })
+            .collect::<Result<Vec<_>, TicketError>>()?;
+        if more.len() >= crate::MAX_TAKES {
             return Err(TicketError::Malformed);
         }
         Ok(Self {
             key,
-            reservation: Reservation::from_parts(cost, ready_at_ms, source),
+            reservation,
+            more,
             until_ms,
             nonce,
             mac,
@@ -226,14 +267,46 @@ impl FromStr for Ticket {
     }
 }
 
+/// A whole number of the text: ASCII digits only, at most `u64::MAX`.
+fn number(s: &str) -> Result<u64, TicketError> {
+    (!s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| s.parse::<u64>().ok())
+        .flatten()
+        .ok_or(TicketError::Malformed)
+}
+
+/// A turn from its slot, cost and source in the text; a cost of zero is no turn.
+fn turn(ready: &str, cost: &str, source: &str) -> Result<Reservation, TicketError> {
+    let ready_at_ms = number(ready)?;
+    let cost = u32::try_from(number(cost)?).map_err(|_| TicketError::Malformed)?;
+    let source = match source {
+        "s" => Source::Store,
+        "l" => Source::Local,
+        "n" => Source::Nothing,
+        _ => return Err(TicketError::Malformed),
+    };
+    if cost == 0 {
+        return Err(TicketError::Malformed);
+    }
+    Ok(Reservation::from_parts(cost, ready_at_ms, source))
+}
+
 impl fmt::Debug for Ticket {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Ticket")
-            .field("bucket", &self.key.bucket())
+        let mut d = f.debug_struct("Ticket");
+        d.field("bucket", &self.key.bucket())
             .field("key", &self.key.fingerprint())
             .field("cost", &self.reservation.cost())
-            .field("ready_at_ms", &self.reservation.ready_at_ms())
-            .finish()
+            .field("ready_at_ms", &self.reservation.ready_at_ms());
+        if !self.more.is_empty() {
+            let more: Vec<(&str, String)> = self
+                .more
+                .iter()
+                .map(|(k, _)| (k.bucket(), k.fingerprint()))
+                .collect();
+            d.field("more", &more);
+        }
+        d.finish()
     }
 }
 
@@ -251,6 +324,7 @@ mod tests {
         Ticket::signed(
             BucketKey::new("orders", key).expect("a key"),
             Reservation::from_parts(cost, ready_at_ms, Source::Store),
+            Vec::new(),
             Duration::from_millis(500),
             &secret(),
         )

@@ -1,0 +1,210 @@
+//! A request that several routes match: every one applies, and their buckets are taken at once,
+//! all or none ([`BucketStore::acquire_all`]), the request going at the latest of their times.
+
+use std::time::Duration;
+
+use http::Extensions;
+use reqwest::{Request, Response};
+use reqwest_middleware::Next;
+
+use super::{Cost, RateLimitMiddleware, Route, follow};
+use crate::cancel::{RefundGuard, acquire_all_detached};
+use crate::clock::Clock;
+use crate::error::BackendError;
+use crate::{BucketKey, BucketStore, Decision, Limit, RateLimited, Reservation, StoreError};
+
+/// One bucket a request draws from: a route that matches it, and the request's key, limit and
+/// cost there.
+pub(super) struct Draw<'r> {
+    pub(super) route: &'r Route,
+    pub(super) key: BucketKey,
+    pub(super) limit: Limit,
+    pub(super) cost: u32,
+}
+
+impl<St, K> RateLimitMiddleware<St, K>
+where
+    St: BucketStore + Clone,
+    K: Clock + Clone,
+{
+    /// The buckets of the routes that match a request: a [`Cost`] on the request applies to
+    /// each, and each route's own cost otherwise.
+    pub(super) fn draws<'r>(
+        &self,
+        routes: &[&'r Route],
+        req: &Request,
+        extensions: &Extensions,
+    ) -> Vec<Draw<'r>> {
+        let cost = extensions.get::<Cost>().map(Cost::tokens);
+        routes
+            .iter()
+            .map(|&route| Draw {
+                route,
+                key: self.key(route, req, extensions),
+                limit: route.limit,
+                cost: cost.unwrap_or(route.cost),
+            })
+            .collect()
+    }
+
+    /// The ceiling on a request's wait: the middleware's, or the longest of the default ones
+    /// of its routes (two token periods per token of its cost, each).
+    pub(super) fn ceiling(&self, draws: &[Draw<'_>]) -> Duration {
+        self.config.max_wait.unwrap_or_else(|| {
+            draws
+                .iter()
+                .map(|d| d.limit.default_max_wait(d.cost))
+                .max()
+                .unwrap_or(Duration::ZERO)
+        })
+    }
+
+    /// Takes the tokens of every bucket at once, on a task of its own (the cancellation rule,
+    /// `crate::cancel`): one decision per bucket, in order, all admitted or none.
+    pub(super) async fn take_all(
+        &self,
+        draws: &[Draw<'_>],
+        max_wait: Duration,
+    ) -> reqwest_middleware::Result<Vec<Decision>> {
+        let buckets = draws
+            .iter()
+            .map(|d| (d.key.clone(), d.limit, d.cost))
+            .collect();
+        let decisions = acquire_all_detached(&self.store, buckets, max_wait)
+            .await
+            .map_err(reqwest_middleware::Error::middleware)?;
+        if decisions.len() != draws.len() {
+            return Err(reqwest_middleware::Error::middleware(StoreError::Backend(
+                BackendError::new(
+                    "the store answered a request on several buckets with another number of decisions",
+                    None,
+                ),
+            )));
+        }
+        Ok(decisions)
+    }
+
+    /// The local 429 of a request on several buckets that was refused: the route whose time
+    /// is furthest off (the first of equal ones) refused it.
+    pub(super) fn refusal(draws: &[Draw<'_>], decisions: &[Decision]) -> RateLimited {
+        let refusing = (0..decisions.len())
+            .rev()
+            .max_by_key(|&k| decisions[k].retry_after())
+            .unwrap_or(0);
+        let (draw, decision) = (&draws[refusing], &decisions[refusing]);
+        let retry = decision.retry_after().unwrap_or(Duration::ZERO);
+        tracing::debug!(
+            bucket = draw.route.bucket(),
+            key = %draw.key.fingerprint(),
+            retry_ms = retry.as_millis() as u64,
+            "local 429: the wait would pass the ceiling"
+        );
+        RateLimited::new(retry, draw.limit, draw.route.bucket(), decision.remaining())
+    }
+
+    /// Whether an upstream back-off passed the slot of any of the request's reservations.
+    async fn any_halted(&self, draws: &[Draw<'_>], reservations: &[Reservation]) -> bool {
+        for (d, r) in draws.iter().zip(reservations) {
+            if self.halted(&d.key, d.limit, r).await {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Sends a request that several routes match, as [`handle`](reqwest_middleware::Middleware::handle)
+    /// sends one that a single route matches: waits its turn on every bucket at once, queues
+    /// again when an upstream back-off passed its slot on any, and after the answer settles its
+    /// cost on each, backs every bucket off on a 429 (or a 503 with a time), and lowers the
+    /// first route's bucket to what the upstream reports left.
+    pub(super) async fn handle_several(
+        &self,
+        routes: &[&Route],
+        req: Request,
+        extensions: &mut Extensions,
+        next: Next<'_>,
+    ) -> reqwest_middleware::Result<Response> {
+        let draws = self.draws(routes, &req, extensions);
+        if let Some(ticket) = extensions.get::<super::Ticket>().cloned() {
+            return self
+                .send_booked(&draws, ticket, req, extensions, next)
+                .await;
+        }
+        let max_wait = self.ceiling(&draws);
+        let started = tokio::time::Instant::now();
+        let mut ceiling = max_wait;
+        let mut expected = 0;
+        let mut queued = false;
+        let taken = loop {
+            let decisions = self.take_all(&draws, ceiling).await?;
+            if !decisions.iter().all(Decision::is_admitted) {
+                let limited = Self::refusal(&draws, &decisions);
+                return Err(reqwest_middleware::Error::middleware(limited));
+            }
+            let reservations: Vec<Reservation> =
+                decisions.iter().filter_map(Decision::reservation).collect();
+            let wait = decisions.first().map_or(Duration::ZERO, Decision::wait);
+            if wait.is_zero() {
+                expected = decisions.first().map_or(0, Decision::remaining);
+                break reservations;
+            }
+            queued = true;
+            let mut guard = RefundGuard::new(self.store.clone());
+            for (d, r) in draws.iter().zip(&reservations) {
+                guard.push(d.key.clone(), d.limit, *r);
+            }
+            tracing::debug!(
+                buckets = draws.len(),
+                wait_ms = wait.as_millis() as u64,
+                "waiting for reserved tokens"
+            );
+            tokio::time::sleep(wait).await;
+            guard.disarm();
+            if !self.any_halted(&draws, &reservations).await {
+                break reservations;
+            }
+            ceiling = max_wait.saturating_sub(started.elapsed());
+            tracing::debug!(
+                buckets = draws.len(),
+                ceiling_ms = ceiling.as_millis() as u64,
+                "an upstream back-off passed a reserved slot: queuing again"
+            );
+        };
+        let sent_at = tokio::time::Instant::now();
+        let res = next.run(req, extensions).await?;
+        let rtt = sent_at.elapsed();
+        self.after_several(&draws, &taken, &res, expected, queued, rtt)
+            .await;
+        Ok(res)
+    }
+
+    /// What the answer to a request on several buckets asks of each: its cost settled on every
+    /// bucket, a back-off or an error's cost applied to every bucket, and the upstream's
+    /// report of what is left followed on the first route's bucket alone.
+    pub(super) async fn after_several(
+        &self,
+        draws: &[Draw<'_>],
+        taken: &[Reservation],
+        res: &Response,
+        expected: u32,
+        queued: bool,
+        rtt: Duration,
+    ) {
+        for (n, (d, r)) in draws.iter().zip(taken).enumerate() {
+            let settle = self.settlement(&d.key, d.limit, res, *r);
+            let sent = follow::Sent {
+                expected: if n == 0 { expected } else { 0 },
+                queued,
+                cost: r.cost(),
+                settled: settle.is_some(),
+                rtt,
+            };
+            if let Some(settle) = settle {
+                settle.apply(&self.store, &d.key, d.limit).await;
+            }
+            if let Some(feedback) = self.feedback(&d.key, d.limit, res, &sent, n == 0) {
+                feedback.apply(&self.store, &d.key, d.limit).await;
+            }
+        }
+    }
+}
