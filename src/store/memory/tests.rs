@@ -61,6 +61,13 @@ enum Op {
         key: usize,
         ahead_ms: u64,
     },
+    /// Keys `first`, `first + 1`, ... (`count` of them, wrapping), each at `cost`.
+    AcquireAll {
+        first: usize,
+        count: usize,
+        cost: u32,
+        max_wait_ms: u64,
+    },
     Advance(u64),
     Sweep,
 }
@@ -131,7 +138,9 @@ fn op(keys: usize) -> impl Strategy<Value = Op> {
         1 => (key.clone(), 0u64..5_000).prop_map(|(key, ahead_ms)| Op::Drain { key, ahead_ms }),
         1 => key.clone().prop_map(|key| Op::Reset { key }),
         1 => (key.clone(), 0u32..=11).prop_map(|(key, tokens)| Op::Set { key, tokens }),
-        1 => (key, 0u64..5_000).prop_map(|(key, ahead_ms)| Op::Block { key, ahead_ms }),
+        1 => (key.clone(), 0u64..5_000).prop_map(|(key, ahead_ms)| Op::Block { key, ahead_ms }),
+        3 => (key, 1usize..=4, 1u32..=4, prop_oneof![Just(0u64), 0u64..3_000])
+            .prop_map(|(first, count, cost, max_wait_ms)| Op::AcquireAll { first, count, cost, max_wait_ms }),
         3 => prop_oneof![Just(0u64), 0u64..50, 0u64..5_000].prop_map(Op::Advance),
         1 => Just(Op::Sweep),
     ]
@@ -170,6 +179,49 @@ fn run(ops: &[Op], keys: &[BucketKey], limits: &[Limit]) -> Result<(), TestCaseE
                         );
                         model.update(key, w);
                         prop_assert_eq!(got.ok(), Some(Decision::new(o, limit, cost)), "{:?}", op);
+                    }
+                    Err(e) => {
+                        let got = got.err().map(|g| g.to_string());
+                        prop_assert_eq!(got, Some(e.to_string()), "{:?}", op);
+                    }
+                }
+            }
+            Op::AcquireAll {
+                first,
+                count,
+                cost,
+                max_wait_ms,
+            } => {
+                let picked: Vec<usize> = (0..count.min(keys.len()))
+                    .map(|i| (first + i) % keys.len())
+                    .collect();
+                let takes: Vec<Take<'_>> = picked
+                    .iter()
+                    .map(|&k| Take::new(&keys[k], limits[k % limits.len()], cost))
+                    .collect();
+                let got =
+                    now_or_never(store.acquire_all(&takes, Duration::from_millis(max_wait_ms)));
+                match check_takes(&takes) {
+                    Ok(costs) => {
+                        let parts: Vec<bucket::Part> = takes
+                            .iter()
+                            .zip(costs)
+                            .map(|(t, cost)| bucket::Part {
+                                p: Params::of(&t.limit()),
+                                state: model.state(t.key()),
+                                cost,
+                            })
+                            .collect();
+                        let (_, decided) = bucket::evaluate_all(&parts, now, max_wait_ms);
+                        let expected: Vec<Decision> = decided
+                            .iter()
+                            .zip(&takes)
+                            .map(|((o, _), t)| Decision::new(*o, t.limit(), t.cost()))
+                            .collect();
+                        for ((_, w), t) in decided.into_iter().zip(&takes) {
+                            model.update(t.key(), w);
+                        }
+                        prop_assert_eq!(got.ok(), Some(expected), "{:?}", op);
                     }
                     Err(e) => {
                         let got = got.err().map(|g| g.to_string());
@@ -444,6 +496,81 @@ fn decisions_racing_through_rebuilds_are_exact() {
     }
 }
 
+/// Threads taking two or three buckets at once, each in its own order, while others take one
+/// and another rebuilds every table: no deadlock (every shard is locked in one order), and
+/// every bucket gives exactly its burst, each request on several buckets taking from all of
+/// them or from none.
+#[test]
+fn requests_on_several_buckets_racing_through_rebuilds_are_exact_and_never_deadlock() {
+    const BURST: u32 = 3_000;
+    let (store, limit, keys) = race_setup(BURST);
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let (taken, rebuilds) = std::thread::scope(|s| {
+        let rebuilder = s.spawn(|| {
+            let mut rebuilds = 0_u32;
+            while !done.load(Ordering::Relaxed) {
+                store.sweep();
+                rebuilds += 1;
+                std::thread::yield_now();
+            }
+            rebuilds
+        });
+        let workers: Vec<_> = (0..4)
+            .map(|w| {
+                let (store, keys) = (&store, &keys);
+                s.spawn(move || {
+                    // What this thread took from each key.
+                    let mut taken = vec![0_u32; keys.len()];
+                    for i in 0..4_000 {
+                        let picked: Vec<usize> = match (i + w) % 4 {
+                            0 => vec![0, 1],
+                            1 => vec![2, 1, 0],
+                            2 => vec![1, 2],
+                            _ => vec![(i + w) % keys.len()],
+                        };
+                        let takes: Vec<Take<'_>> = picked
+                            .iter()
+                            .map(|&k| Take::new(&keys[k], limit, 1))
+                            .collect();
+                        let d = now_or_never(store.acquire_all(&takes, Duration::ZERO))
+                            .expect("decides");
+                        let admitted = d.iter().filter(|d| d.is_admitted()).count();
+                        assert!(admitted == 0 || admitted == d.len(), "{d:?}");
+                        if admitted > 0 {
+                            for &k in &picked {
+                                taken[k] += 1;
+                            }
+                        }
+                    }
+                    taken
+                })
+            })
+            .collect();
+        let taken = workers
+            .into_iter()
+            .map(|w| w.join().expect("the worker finishes"))
+            .fold(vec![0_u32; keys.len()], |sum, a| {
+                sum.iter().zip(a).map(|(s, a)| s + a).collect()
+            });
+        done.store(true, Ordering::Relaxed);
+        (taken, rebuilder.join().expect("the rebuilder finishes"))
+    });
+    assert!(
+        rebuilds >= 10,
+        "only {rebuilds} rebuilds raced the decisions"
+    );
+    for (k, key) in keys.iter().enumerate() {
+        let left = now_or_never(store.peek(key, limit)).expect("peeks");
+        assert_eq!(
+            left.remaining() + taken[k],
+            BURST,
+            "key {k}: {} left, {} taken, {rebuilds} rebuilds",
+            left.remaining(),
+            taken[k]
+        );
+    }
+}
+
 /// A new key waits under its shard's lock only until it has been decided a few dozen times:
 /// then the shard takes it into its table, where decisions need no shard lock.
 #[test]
@@ -615,6 +742,14 @@ fn a_shard_full_of_debt_refuses_a_new_key_and_forgets_nothing() {
     );
     let drained = now_or_never(store.drain_until(&others[1], limit, SystemTime::now()));
     assert!(matches!(drained, Err(StoreError::TooManyBuckets { .. })));
+    // A request on the bucket in debt and a new key is refused whole: the first bucket keeps
+    // its queue, untouched.
+    let both = [Take::new(&first, limit, 1), Take::new(&others[0], limit, 1)];
+    let refused = now_or_never(store.acquire_all(&both, Duration::from_secs(7_200)));
+    assert!(
+        matches!(refused, Err(StoreError::TooManyBuckets { max: 16 })),
+        "{refused:?}"
+    );
     // Refused again without rebuilding the shard for each new key: its table stays the one
     // the first refusal made.
     let index = store
