@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use burstgate::{
     Breaker, BucketKey, BucketStore, Limit, ManualClock, OutagePolicy, RedisStore, Reservation,
-    StoreError,
+    StoreError, Take,
 };
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{Cmd, Pipeline, RedisFuture, Value};
@@ -330,6 +330,72 @@ async fn local_fallback_gives_each_process_its_share_and_no_more() {
         .expect("local refund");
     let q = stores[0].peek(&k, l).await.expect("local peek");
     assert_eq!((q.remaining(), q.burst()), (1, 10));
+}
+
+/// A request on two buckets while Redis is out: an error under fail closed, admitted on both
+/// with nothing known to remain under fail open, and decided on both local buckets at once
+/// (each the process's share) under the local policy, which Redis is charged for once back.
+#[tokio::test]
+async fn requests_on_several_buckets_follow_the_outage_policy_all_or_none() {
+    let clock = ManualClock::new(START);
+    let (narrow, wide) = (limit(1, 2), limit(10, 10));
+    let (e, a) = (key("endpoint"), key("account"));
+    let both = [Take::new(&e, narrow, 1), Take::new(&a, wide, 1)];
+    let down = || {
+        let conn = Switch::detached();
+        conn.set(REFUSING);
+        conn
+    };
+
+    let closed = store(down(), &clock);
+    assert!(matches!(
+        closed.acquire_all(&both, ZERO).await,
+        Err(StoreError::Backend(_))
+    ));
+
+    let open = store(down(), &clock).on_outage(OutagePolicy::FailOpen);
+    for _ in 0..10 {
+        let d = open.acquire_all(&both, ZERO).await.expect("fails open");
+        assert!(d.iter().all(|d| d.is_admitted() && d.remaining() == 0));
+        assert_eq!((d[0].limit(), d[1].limit()), (narrow, wide));
+    }
+
+    // Alone in its outage: the whole limit, locally. The narrow bucket's two tokens go, then
+    // the request is refused on it, and the wide bucket keeps the rest.
+    let conn = Switch::new().await;
+    let local = store(conn.clone(), &clock).on_outage(OutagePolicy::Local {
+        processes: NonZeroU32::MIN,
+    });
+    conn.set(REFUSING);
+    let mut admitted = 0;
+    for _ in 0..4 {
+        let d = local
+            .acquire_all(&both, ZERO)
+            .await
+            .expect("decides locally");
+        assert!(d[0].is_admitted() == d[1].is_admitted());
+        admitted += usize::from(d[0].is_admitted());
+    }
+    assert_eq!(admitted, 2);
+    assert_eq!(
+        local.peek(&a, wide).await.expect("local peek").remaining(),
+        8
+    );
+    // Redis is back: the buckets this process spent from locally are charged there first, so
+    // nothing refilled during the outage is spent twice.
+    conn.set(UP);
+    clock.advance(Duration::from_secs(2));
+    skip(Duration::from_secs(2)).await;
+    while local.is_circuit_open() {
+        clock.advance(Duration::from_millis(500));
+        skip(Duration::from_millis(500)).await;
+        let _ = local.peek(&a, wide).await;
+    }
+    // Emptied as of now, both: the narrow bucket's next token is a second away.
+    let d = local.acquire_all(&both, ZERO).await.expect("redis decides");
+    assert!(!d[0].is_admitted(), "{d:?}");
+    assert_eq!(d[0].retry_after(), Some(Duration::from_secs(1)));
+    assert_eq!(d[1].retry_after(), Some(Duration::from_millis(100)));
 }
 
 /// Admissions from `n` decisions through each store in turn.

@@ -349,3 +349,42 @@ fn bad_prefixes_are_refused() {
 }
 
 use crate::support::failing_connection::FailingConnection as NoConnection;
+
+/// A request on several buckets where one key holds something else, or a value no script
+/// wrote: refused whole, the error naming that bucket, and no other bucket touched.
+#[tokio::test]
+async fn a_foreign_value_at_one_of_several_keys_refuses_the_request_and_names_its_bucket() {
+    let prefix = redis_server::unique_prefix();
+    let store = RedisStore::new(conn().await)
+        .prefix(&prefix)
+        .expect("a valid prefix")
+        .with_clock(ManualClock::new(START));
+    let (e, a) = (
+        BucketKey::new("orders", "seller-9").expect("a valid key"),
+        BucketKey::new("account", "seller-9").expect("a valid key"),
+    );
+    let both = [
+        burstgate::Take::new(&e, orders(), 1),
+        burstgate::Take::new(&a, orders(), 1),
+    ];
+    let mut c = conn().await;
+    let _: () = c.hset(store.redis_key(&a), "t", "1").await.expect("HSET");
+    let refused = store.acquire_all(&both, ZERO).await;
+    assert!(
+        matches!(&refused, Err(StoreError::WrongType { bucket, .. }) if bucket == "account"),
+        "{refused:?}"
+    );
+    let _: () = c.del(store.redis_key(&a)).await.expect("DEL");
+    let nan = [f64::NAN, START as f64, START as f64]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect::<Vec<u8>>();
+    let _: () = c.set(store.redis_key(&a), nan).await.expect("SET");
+    let refused = store.acquire_all(&both, ZERO).await;
+    assert!(
+        matches!(&refused, Err(StoreError::CorruptBucket { bucket, .. }) if bucket == "account"),
+        "{refused:?}"
+    );
+    let untouched: Option<Vec<u8>> = c.get(store.redis_key(&e)).await.expect("GET");
+    assert_eq!(untouched, None, "the other bucket was never written");
+}

@@ -53,7 +53,11 @@ for i = 1, n do
   local tokens, interval, capacity, cost, lead, most_debt =
     struct.unpack('<dddddd', ARGV[1], 17 + 48 * (i - 1))
   local t, ts, keep, halt = capacity, now, 0, 0
-  local stored = redis.call('GET', KEYS[i])
+  -- pcall, so that a key of another type is named by its place, as the store reports it.
+  local stored = redis.pcall('GET', KEYS[i])
+  if type(stored) == 'table' and stored.err then
+    return redis.error_reply('WRONGTYPE burstgate: the value at key ' .. i .. ' is not a bucket')
+  end
   local moved = false
   if stored then
     if #stored == 24 then
