@@ -76,10 +76,10 @@
 //!   Redis spends the same budget. It works on a `MultiplexedConnection`, a reconnecting
 //!   `ConnectionManager` or a Redis Cluster connection. Each bucket is one 24-byte string, `t`,
 //!   `ts` and `keep` as three little-endian `f64`s (32 bytes for a while after a drain, with the
-//!   drain's halt as a fourth), under the key `<prefix>:v3:<bucket>:<key>`
-//!   (prefix `burstgate` by default, `v3` the version of the stored format; `v1` and `v2` keys
-//!   from earlier builds are never read and expire by their own TTL), read and written by one
-//!   Lua script: one `GET`, and one `SET` when the state changes. Every write keeps the key at
+//!   drain's halt as a fourth), under the key `<prefix>:v4:<bucket>:{<key>}`
+//!   (prefix `burstgate` by default, `v4` the version of the key scheme and stored format, the
+//!   caller's key the Redis Cluster hash tag; keys from earlier builds are never read and expire
+//!   by their own TTL), read and written by one Lua script: one `GET`, and one `SET` when the state changes. Every write keeps the key at
 //!   least until the bucket is full again plus one interval, mostly by leaving its expiry as it
 //!   is (`KEEPTTL`); an idle bucket simply expires, and the next request sees a full bucket,
 //!   which is what it would have computed anyway.

@@ -324,7 +324,7 @@ impl KeyExtractor {
     /// [`ipv6_prefix`](Self::ipv6_prefix). An IPv4-mapped IPv6 address
     /// (`::ffff:192.0.2.7`, as a dual-stack socket reports an IPv4 peer) is keyed as the IPv4
     /// address. A store key percent-escapes the colons: in Redis the bucket of that network is
-    /// `<prefix>:v3:<bucket>:2001%3Adb8%3A1%3A2%3A%3A/64`.
+    /// `<prefix>:v4:<bucket>:{2001%3Adb8%3A1%3A2%3A%3A/64}`.
     ///
     /// Behind a proxy the peer is the proxy, and every client would share its bucket: use
     /// [`client_ip`](Self::client_ip).

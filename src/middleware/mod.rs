@@ -125,7 +125,9 @@ impl<St: BucketStore + Clone> RateLimitMiddleware<St, SystemClock> {
 }
 
 impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
-    /// Adds a route. Routes are tried in the order they were added; the first match wins.
+    /// Adds a route. Every route that matches a request applies, all taken at once; the order
+    /// they were added in matters only for which route follows what the upstream reports
+    /// (the first), see the module docs' "Several limits on one request".
     #[must_use]
     pub fn route(mut self, route: Route) -> Self {
         Arc::make_mut(&mut self.config).routes.push(route);

@@ -71,11 +71,16 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
 ///
 /// # Keys
 ///
-/// `<prefix>:v3:<bucket>:<key>`, with the prefix `burstgate` unless set with
-/// [`prefix`](Self::prefix), and the key escaped or hashed as [`BucketKey`] describes.
-/// The `v3` is the stored format's version, so a bucket written by an earlier build (`v1`, a
-/// hash, or `v2`, 16 bytes) is never read as this one: it is simply left alone and expires by
-/// its own TTL. Every write keeps the key at least until the bucket is full again plus one
+/// `<prefix>:v4:<bucket>:{<key>}`, with the prefix `burstgate` unless set with
+/// [`prefix`](Self::prefix), and the key escaped or hashed as [`BucketKey`] describes. The
+/// caller's key in braces is the key's Redis Cluster hash tag, its only one (no prefix, bucket
+/// name or escaped key holds a brace): every bucket of one caller (an account's endpoint buckets
+/// and its own) lives in one slot, so that [`acquire_all`](BucketStore::acquire_all) on them is
+/// one script call, on a Cluster too; buckets of different callers generally are not, and a
+/// Cluster refuses them together ([`StoreError::CrossSlot`]). The `v4` is the version of the
+/// key scheme and stored format, so a bucket written by an earlier build (`v1`, a hash; `v2`, 16
+/// bytes; `v3`, the same value as now under a key with no hash tag) is never read as this one:
+/// it is simply left alone and expires by its own TTL. Every write keeps the key at least until the bucket is full again plus one
 /// interval: when the stored `keep` already covers that, the write keeps the key's expiry
 /// (`KEEPTTL`); otherwise it sets `keep` one interval further and the expiry to match (`PX`), so
 /// that most writes leave Redis's expiry alone. An idle bucket expires, and the next call sees a
@@ -89,8 +94,8 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
 /// [`MultiplexedConnection`](redis::aio::MultiplexedConnection), a reconnecting
 /// [`ConnectionManager`](redis::aio::ConnectionManager), or a Redis Cluster connection
 /// ([`ClusterConnection`](redis::cluster_async::ClusterConnection)). Each call runs on a clone, so
-/// many calls share one multiplexed connection concurrently. The script touches one key, so it
-/// needs no hash tags on a cluster.
+/// many calls share one multiplexed connection concurrently. A decision touches one key; one
+/// on several buckets touches theirs, which on a cluster must share a slot (see "Keys").
 ///
 /// [`RedisStore::connect`] opens a [`ConnectionManager`](redis::aio::ConnectionManager) set up
 /// for this store: it reconnects in the background after a failure, retrying at least every
@@ -773,3 +778,5 @@ impl<C, K: fmt::Debug> fmt::Debug for RedisStore<C, K> {
 
 #[cfg(test)]
 mod differential;
+#[cfg(test)]
+mod differential_all;
