@@ -421,8 +421,11 @@ mod keys {
         let written = side.keys().await;
         assert_eq!(written, expected);
         for k in &written {
-            // No hash tag: on a cluster, the slot is the whole key's.
-            assert!(!k.contains(['{', '}']), "{k}");
+            // One hash tag, the caller's key in braces at the end: the caller's own braces
+            // stay escaped, so no caller picks its slot by writing a tag of its own.
+            assert_eq!(k.matches('{').count(), 1, "{k}");
+            assert_eq!(k.matches('}').count(), 1, "{k}");
+            assert!(k.ends_with('}') && k.contains(":{"), "{k}");
             // The prefix, the format and the bucket, then the key with no separator of its own.
             assert_eq!(k.matches(':').count(), 3, "{k}");
         }
