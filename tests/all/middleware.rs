@@ -675,6 +675,87 @@ mod shared {
         server.verify().await;
     }
 
+    /// `times`, sorted, never hold more requests in a window than `limit`'s burst and what
+    /// refills over the window, and one more for the timer's rounding.
+    fn within(times: &[Instant], limit: Limit, what: &str) {
+        let period = limit.interval().as_secs_f64() / f64::from(limit.tokens());
+        for i in 0..times.len() {
+            for j in i..times.len() {
+                let window = (times[j] - times[i]).as_secs_f64();
+                let count = (j - i + 1) as f64;
+                let allowed = f64::from(limit.burst()) + window / period + 1.0;
+                assert!(
+                    count <= allowed,
+                    "{what}: {count} requests within {window:.3} s, at most {allowed:.2} allowed"
+                );
+            }
+        }
+    }
+
+    /// Two clients, each with its own Redis connection, send to an endpoint with a limit of its
+    /// own and to another path, both under the account's limit: every request is sent, the
+    /// endpoint's arrivals keep the endpoint's limit, and all arrivals together the account's.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn two_routes_on_one_request_keep_both_limits_across_clients() {
+        let server = MockServer::start().await;
+        let (orders_at, stocks_at) = (Arrivals::default(), Arrivals::default());
+        let per_client = 10;
+        mock(
+            &server,
+            "/orders",
+            orders_at.answer(ResponseTemplate::new(200)),
+            2 * per_client,
+        )
+        .await;
+        mock(
+            &server,
+            "/stocks",
+            stocks_at.answer(ResponseTemplate::new(200)),
+            2 * per_client,
+        )
+        .await;
+        let endpoint = limit(1, 100, 3);
+        let account = limit(1, 50, 2);
+        let prefix = redis_server::unique_prefix();
+        let make = |store| {
+            client(
+                RateLimitMiddleware::new(store)
+                    .route(route("orders", endpoint, "/orders"))
+                    .route(route("account", account, "/**"))
+                    .max_wait(Duration::from_secs(10)),
+            )
+        };
+        let clients = [make(store(&prefix).await), make(store(&prefix).await)];
+        let mut tasks = Vec::new();
+        for client in &clients {
+            for at in ["/orders", "/stocks"] {
+                let (client, url) = (client.clone(), format!("{}{at}", server.uri()));
+                tasks.push(tokio::spawn(async move {
+                    all_at_once(per_client as usize, || {
+                        let (client, url) = (client.clone(), url.clone());
+                        async move { get(&client, &url, Some("seller-1")).await.ok() }
+                    })
+                    .await
+                }));
+            }
+        }
+        for task in tasks {
+            let statuses = task.await.expect("the client's task finishes");
+            assert!(
+                statuses.iter().all(|s| *s == Some(StatusCode::OK)),
+                "every request is sent: {statuses:?}"
+            );
+        }
+        let orders = orders_at.sorted();
+        let mut all = orders.clone();
+        all.extend(stocks_at.sorted());
+        all.sort();
+        assert_eq!(all.len(), 4 * per_client as usize);
+        within(&orders, endpoint, "the endpoint");
+        within(&all, account, "the account");
+        server.verify().await;
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn an_upstream_429_makes_every_client_back_off_for_the_time_it_names() {
         let server = MockServer::start().await;
