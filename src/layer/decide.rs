@@ -168,7 +168,9 @@ pub(crate) fn decide<St: BucketStore + Clone>(
                 > 1
         {
             // Boxed: the common request meets one rule, and its future stays this small.
-            return Box::pin(together(config, plan)).await;
+            if let Some(verdict) = Box::pin(together(&config, all)).await {
+                return verdict;
+            }
         }
         // Made on the first tokens it must hold, so that a request that goes at once on one
         // rule never clones the store for it.
@@ -240,17 +242,21 @@ pub(crate) fn decide<St: BucketStore + Clone>(
     }
 }
 
+/// Whether the warning that a Cluster cannot take several rules at once has been given, once
+/// per process.
+static CROSS_SLOT_WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Two enforcing rules or more: their tokens taken by one store call, from every rule's bucket
 /// or from none, the request going at the latest of their times, each bucket's slot taken at
 /// that time ([`BucketStore::acquire_all`]); then each shadow rule decides on its own, without
 /// waiting, as in the loop. A refusal takes nothing, so nothing is given back, and nobody else
 /// sees the other rules' tokens gone meanwhile; nor can a rule's wait release requests that
-/// another spaced out, together, faster than its limit.
+/// another spaced out, together, faster than its limit. `None` when a Redis Cluster holds the
+/// rules' keys in different slots: the caller then takes them in turn.
 async fn together<St: BucketStore + Clone>(
-    config: Arc<Config<St>>,
-    plan: Few<Planned>,
-) -> Verdict<St> {
-    let plan = plan.as_slice();
+    config: &Arc<Config<St>>,
+    plan: &[Planned],
+) -> Option<Verdict<St>> {
     let shadow = |p: &Planned| config.shadow || config.rules[p.rule].shadow;
     let enforcing: Vec<usize> = (0..plan.len()).filter(|&n| !shadow(&plan[n])).collect();
     let takes: Vec<Take<'_>> = enforcing
@@ -258,27 +264,34 @@ async fn together<St: BucketStore + Clone>(
         .map(|&n| Take::new(&plan[n].key, plan[n].limit, plan[n].cost))
         .collect();
     let decided = config.store.acquire_all(&takes, config.max_wait).await;
+    let failed = |e: StoreError| {
+        // One request, one failure: counted once, on the first rule that enforces.
+        observe_failure(config, &plan[enforcing[0]], &e);
+        Some(Verdict::Reject(Refusal {
+            config: Arc::clone(config),
+            why: Why::Failed(e),
+        }))
+    };
     let decisions = match decided {
         Ok(decisions) if decisions.len() == enforcing.len() => decisions,
         Ok(_) => {
-            let e = StoreError::Backend(crate::error::BackendError::new(
+            return failed(StoreError::Backend(crate::error::BackendError::new(
                 "the store answered a request on several buckets with another number of decisions",
                 None,
-            ));
-            observe_failure(&config, &plan[enforcing[0]], &e);
-            return Verdict::Reject(Refusal {
-                config,
-                why: Why::Failed(e),
-            });
+            )));
         }
-        Err(e) => {
-            // One request, one failure: counted once, on the first rule that enforces.
-            observe_failure(&config, &plan[enforcing[0]], &e);
-            return Verdict::Reject(Refusal {
-                config,
-                why: Why::Failed(e),
-            });
+        Err(StoreError::CrossSlot) => {
+            // A Redis Cluster holds these rules' keys in different slots, where no one call
+            // takes them all: the rules go in turn, as one rule each, with a refund on refusal.
+            if !CROSS_SLOT_WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                tracing::warn!(
+                    "rate limit rules that apply together live in different Redis Cluster \
+                     slots: taking them in turn, not at once (docs: the layer, \"Several rules\")"
+                );
+            }
+            return None;
         }
+        Err(e) => return failed(e),
     };
     let mut taken: Vec<Taken> = enforcing
         .iter()
@@ -294,9 +307,12 @@ async fn together<St: BucketStore + Clone>(
             .unwrap_or(0);
         let refused = taken.remove(refusing);
         let p = &plan[refused.planned];
-        observe(&config, p, Outcome::Limited, &refused.decision);
-        let why = reject(&config, plan, &taken, p, &refused.decision);
-        return Verdict::Reject(Refusal { config, why });
+        observe(config, p, Outcome::Limited, &refused.decision);
+        let why = reject(config, plan, &taken, p, &refused.decision);
+        return Some(Verdict::Reject(Refusal {
+            config: Arc::clone(config),
+            why,
+        }));
     }
     let wait = taken[0].decision.wait();
     let shadows = plan.len() - enforcing.len();
@@ -338,11 +354,11 @@ async fn together<St: BucketStore + Clone>(
                     decision,
                 });
             }
-            Err(e) => observe_failure(&config, p, &e),
+            Err(e) => observe_failure(config, p, &e),
         }
     }
     taken.sort_by_key(|t| t.planned);
-    admit(&config, plan, &taken, wait, guard)
+    Some(admit(config, plan, &taken, wait, guard))
 }
 
 /// The verdict on a request every rule admitted (or a shadow rule would have refused): each

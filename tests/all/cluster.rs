@@ -137,6 +137,61 @@ async fn an_accounts_buckets_share_a_slot_and_go_together() {
     }
 }
 
+/// The tower layer's per-key and global rules key on different things, whose buckets a Cluster
+/// holds in different slots: no one call takes both, so the layer takes them in turn, and still
+/// limits by both, giving a refused request's tokens back.
+#[cfg(feature = "tower")]
+#[tokio::test]
+#[ignore = "slow tier: run by .ci/run with --ignored"]
+async fn layer_rules_in_different_slots_are_taken_in_turn() {
+    use burstgate::layer::{KeyExtractor, RateLimitLayer, Rule};
+    use http::StatusCode;
+    use tower::Layer;
+
+    use crate::support::layer::{API_KEY, call, counting};
+
+    let cluster = redis_cluster::shared();
+    let store = store(cluster, ManualClock::new(START)).await;
+    let per_key = Rule::new(
+        "per-key",
+        limit(1, 60_000, 2),
+        KeyExtractor::header(API_KEY),
+    )
+    .expect("a valid rule");
+    let global =
+        Rule::new("global", limit(1, 60_000, 3), KeyExtractor::global()).expect("a valid rule");
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut svc = RateLimitLayer::new(store.clone())
+        .rule(per_key)
+        .rule(global)
+        .layer(counting(&calls));
+    let from = |k: &str| {
+        http::Request::builder()
+            .header(&API_KEY, k)
+            .body(String::new())
+            .expect("a valid request")
+    };
+    let mut statuses = Vec::new();
+    for k in ["k1", "k1", "k1", "k2", "k3"] {
+        statuses.push(call(&mut svc, from(k)).await.status());
+    }
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS,
+        ]
+    );
+    // k3 was refused by the global rule after its own took a token, which went back.
+    let k3 = BucketKey::hashed("per-key", "k3").expect("a valid key");
+    let left = store.peek(&k3, limit(1, 60_000, 2)).await.expect("peeks");
+    assert_eq!(left.remaining(), 2);
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+}
+
 /// A call that returned an error during the load.
 #[derive(Debug)]
 struct Failure {

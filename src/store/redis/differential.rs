@@ -21,10 +21,10 @@ use crate::bucket::{self, MAX_TIME, Params, State};
 use burstgate_testkit::redis_server;
 
 /// SplitMix64: tiny, seedable, and the same everywhere, so a failing seed replays exactly.
-struct Rng(u64);
+pub(super) struct Rng(pub(super) u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(super) fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -32,16 +32,16 @@ impl Rng {
         z ^ (z >> 31)
     }
 
-    fn below(&mut self, n: u64) -> u64 {
+    pub(super) fn below(&mut self, n: u64) -> u64 {
         if n == 0 { 0 } else { self.next() % n }
     }
 
-    fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
+    pub(super) fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
         xs[self.below(xs.len() as u64) as usize]
     }
 }
 
-fn random_limit(rng: &mut Rng) -> Limit {
+pub(super) fn random_limit(rng: &mut Rng) -> Limit {
     loop {
         let tokens = match rng.below(4) {
             0 => rng.pick(&[1, 2, 3, 7, 10, 100, 1000]),
@@ -235,15 +235,15 @@ async fn trace(
 /// key (0 while there is no key), the halt (0 for none), and the value's length (24 bytes, or
 /// 32 with a halt; a value planted with a halt of 0 keeps its 32 until a write).
 #[derive(Default)]
-struct Stored {
-    state: Option<State>,
-    keep: f64,
-    halt: f64,
-    len: usize,
+pub(super) struct Stored {
+    pub(super) state: Option<State>,
+    pub(super) keep: f64,
+    pub(super) halt: f64,
+    pub(super) len: usize,
 }
 
 impl Stored {
-    fn set_halt(&mut self, halt: f64) {
+    pub(super) fn set_halt(&mut self, halt: f64) {
         self.halt = halt;
         self.len = if halt == 0.0 { 24 } else { 32 };
     }
@@ -252,16 +252,16 @@ impl Stored {
 /// One operation of a trace, at `now`: x is the cost for acquire and refund, the deadline for
 /// drain and block, the tokens for set; `max_wait` is the reservation's slot for a refund.
 #[derive(Clone, Copy)]
-struct Step {
-    now: u64,
-    op: Op,
-    x: u64,
-    max_wait: u64,
+pub(super) struct Step {
+    pub(super) now: u64,
+    pub(super) op: Op,
+    pub(super) x: u64,
+    pub(super) max_wait: u64,
 }
 
 /// Runs one step through the reference, whose view of the key `stored` it updates, and through
 /// `lua` on `key`: the outcome both gave, or the first difference after `log`, the trace so far.
-async fn check_step(
+pub(super) async fn check_step(
     conn: &mut MultiplexedConnection,
     lua: &redis::Script,
     key: &str,
@@ -496,9 +496,9 @@ async fn corners(
 /// Values someone else planted at a bucket's key, sound and not, for a limit of 10 per second
 /// with a burst of 10 at [`PLANTED_NOW`]: each operation must be refused by both mirrors, with
 /// the key left alone, or decided by both alike.
-const PLANTED_NOW: u64 = 1_700_000_000_000;
+pub(super) const PLANTED_NOW: u64 = 1_700_000_000_000;
 
-fn planted_values() -> Vec<(f64, f64, f64, Option<f64>)> {
+pub(super) fn planted_values() -> Vec<(f64, f64, f64, Option<f64>)> {
     let now = PLANTED_NOW as f64;
     let year = 365.0 * 86_400_000.0;
     // 2 * 2^44 * 10 / 1000 + 10: more debt than this no reservation or drain leaves.
@@ -640,7 +640,7 @@ async fn planted(
     Ok(())
 }
 
-async fn connect() -> MultiplexedConnection {
+pub(super) async fn connect() -> MultiplexedConnection {
     let url = redis_server::url();
     let client = redis::Client::open(url.as_str()).expect("a valid Redis URL");
     client
@@ -649,7 +649,7 @@ async fn connect() -> MultiplexedConnection {
         .expect("a connection to the test Redis")
 }
 
-async fn load(conn: &mut MultiplexedConnection, source: &str) -> redis::Script {
+pub(super) async fn load(conn: &mut MultiplexedConnection, source: &str) -> redis::Script {
     let lua = redis::Script::new(source);
     let _: String = redis::cmd("SCRIPT")
         .arg("LOAD")
@@ -660,7 +660,7 @@ async fn load(conn: &mut MultiplexedConnection, source: &str) -> redis::Script {
     lua
 }
 
-fn traces() -> u64 {
+pub(super) fn traces() -> u64 {
     std::env::var("BURSTGATE_DIFF_TRACES")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -676,7 +676,7 @@ async fn lua_and_reference_agree_bit_for_bit() {
         script().get_hash(),
         "the store runs this same script"
     );
-    let key = format!("{}:v4:diff:{k}", redis_server::unique_prefix());
+    let key = format!("{}:v4:diff:{{k}}", redis_server::unique_prefix());
     if let Err(e) = corners(&mut conn, &lua, &key).await {
         panic!("the Lua script and bucket.rs disagree:\n{e}");
     }
@@ -1047,7 +1047,7 @@ const MUTANTS: &[(&str, &str)] = &[
 async fn every_single_line_mutant_of_the_script_is_caught() {
     let mut conn = connect().await;
     let source = include_str!("bucket.lua");
-    let key = format!("{}:v4:mutant:{k}", redis_server::unique_prefix());
+    let key = format!("{}:v4:mutant:{{k}}", redis_server::unique_prefix());
     let mut report = String::new();
     for (from, to) in MUTANTS {
         assert_eq!(
