@@ -9,6 +9,10 @@
 //! - `redis/tasks/{1,16,64}`: a `RedisStore` over one `MultiplexedConnection` to a private
 //!   `redis-server` (see `testkit/src/redis_server.rs`), with 1, 16 or 64 tokio tasks sharing
 //!   it. Needs the `redis` feature.
+//! - `two_buckets/{memory,redis}/{acquire_all,in_turn}`: requests that each draw from two
+//!   buckets of one account (an endpoint's and the account's), over 10,000 accounts: one
+//!   `acquire_all`, against the two `acquire`s it replaces, one after the other; one thread, or
+//!   one tokio task. Throughput is in requests per second.
 //!
 //! `cargo bench --bench store`; throughput is reported in decisions per second.
 
@@ -19,7 +23,7 @@ use std::sync::{Arc, Barrier};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use burstgate::{BucketKey, BucketStore, Limit, MemoryStore};
+use burstgate::{BucketKey, BucketStore, Limit, MemoryStore, Take};
 use criterion::{Criterion, Throughput};
 
 #[cfg(feature = "redis")]
@@ -212,6 +216,104 @@ fn redis(c: &mut Criterion) {
     group.finish();
 }
 
+/// `n` requests on two buckets each, round-robin over `accounts` from `start`: one
+/// `acquire_all` per request, or (`together` false) the two `acquire`s it replaces.
+async fn two_buckets<S: BucketStore>(
+    store: &S,
+    accounts: &[(BucketKey, BucketKey)],
+    start: usize,
+    n: u64,
+    together: bool,
+) -> u64 {
+    let limit = limit();
+    let mut admitted = 0;
+    let mut i = start % accounts.len();
+    for _ in 0..n {
+        let (endpoint, account) = &accounts[i];
+        let ok = if together {
+            let takes = [Take::new(endpoint, limit, 1), Take::new(account, limit, 1)];
+            let decisions = store
+                .acquire_all(&takes, Duration::ZERO)
+                .await
+                .expect("the store decides");
+            black_box(decisions).iter().all(|d| d.is_admitted())
+        } else {
+            let first = store.acquire(endpoint, limit, 1, Duration::ZERO).await;
+            let second = store.acquire(account, limit, 1, Duration::ZERO).await;
+            black_box(first).expect("the store decides").is_admitted()
+                && black_box(second).expect("the store decides").is_admitted()
+        };
+        admitted += u64::from(ok);
+        i += 1;
+        if i == accounts.len() {
+            i = 0;
+        }
+    }
+    admitted
+}
+
+/// The endpoint's and the account's bucket of `MANY_KEYS` accounts.
+fn account_pairs() -> Vec<(BucketKey, BucketKey)> {
+    (0..MANY_KEYS)
+        .map(|i| {
+            let account = format!("client-{i}");
+            (
+                BucketKey::new("orders", &account).expect("a valid key"),
+                BucketKey::new("account", &account).expect("a valid key"),
+            )
+        })
+        .collect()
+}
+
+fn several(c: &mut Criterion) {
+    let pairs = account_pairs();
+    let mut group = c.benchmark_group("two_buckets");
+    group.throughput(Throughput::Elements(1));
+    for (label, together) in [("acquire_all", true), ("in_turn", false)] {
+        let store = MemoryStore::new();
+        group.bench_function(format!("memory/{label}"), |b| {
+            b.iter_custom(|iters| {
+                let started = Instant::now();
+                let admitted = ready(two_buckets(&store, &pairs, 0, iters, together));
+                assert_eq!(admitted, iters);
+                started.elapsed()
+            });
+        });
+    }
+    #[cfg(feature = "redis")]
+    {
+        use burstgate::RedisStore;
+
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a tokio runtime");
+        let url = redis_server::url();
+        let conn = runtime.block_on(async {
+            redis::Client::open(url.as_str())
+                .expect("a valid Redis URL")
+                .get_multiplexed_async_connection()
+                .await
+                .expect("a connection to the bench's Redis")
+        });
+        let store = RedisStore::new(conn)
+            .prefix(&redis_server::unique_prefix())
+            .expect("a valid prefix");
+        for (label, together) in [("acquire_all", true), ("in_turn", false)] {
+            group.bench_function(format!("redis/{label}"), |b| {
+                b.iter_custom(|iters| {
+                    let started = Instant::now();
+                    let admitted =
+                        runtime.block_on(two_buckets(&store, &pairs, 0, iters, together));
+                    assert_eq!(admitted, iters);
+                    started.elapsed()
+                });
+            });
+        }
+    }
+    group.finish();
+}
+
 // `main` by hand instead of `criterion_group!`/`criterion_main!`: the group macro makes a `pub fn`
 // that the crate's `missing_docs` lint would flag, and the Redis cases come and go with a feature.
 fn main() {
@@ -223,5 +325,6 @@ fn main() {
     memory(&mut criterion);
     #[cfg(feature = "redis")]
     redis(&mut criterion);
+    several(&mut criterion);
     criterion.final_summary();
 }

@@ -20,7 +20,12 @@
 //!   a refill long enough to fill the bucket, however it rounds ([`refills_to_full`]). The Lua
 //!   always divides.
 
+use smallvec::SmallVec;
+
 use crate::Limit;
+
+/// One item per bucket of a request on several at once: on the stack for up to four.
+pub(crate) type PerBucket<T> = SmallVec<[T; 4]>;
 
 /// The largest time, in milliseconds since the Unix epoch, the arithmetic works with (2^53 − 1,
 /// about 285,000 years), the clocks' own bound. Later times are clamped to it; every smaller time
@@ -396,62 +401,59 @@ pub(crate) struct Part {
 /// `at`: the slot its reservation names is `at + W`. A denial writes nothing, unless a stored
 /// time far ahead was moved back, and each outcome carries its bucket's own wait (the request's
 /// is the largest). With one bucket, this is [`evaluate`], to the bit.
+///
+/// Each bucket's outcome and write go to `each`, in the order of `parts`, so that a store
+/// writes them where it holds the buckets with no list in between; the request's admission is
+/// returned.
 pub(crate) fn evaluate_all(
     parts: &[Part],
     now: u64,
     max_wait: u64,
-) -> (bool, Vec<(Outcome, Option<Write>)>) {
+    mut each: impl FnMut(Outcome, Option<Write>),
+) -> bool {
     let now = time(now);
     let max_wait = if max_wait > MAX_WAIT {
         MAX_WAIT as f64
     } else {
         max_wait as f64
     };
-    let seen: Vec<(State, f64, f64, bool, f64)> = parts
+    // Each bucket's own wait; the rest of what `available` says is worked out again below,
+    // which costs less than keeping it.
+    let waits: PerBucket<f64> = parts
         .iter()
         .map(|part| {
-            let (s, avail, ts, clamped) = available(&part.p, part.state, now);
-            let wait = if avail >= part.cost {
+            let (s, avail, ts, _) = available(&part.p, part.state, now);
+            if avail >= part.cost {
                 0.0
             } else {
                 ready_at(&part.p, s.t, s.ts, part.cost) - ts
-            };
-            (s, avail, ts, clamped, wait)
+            }
         })
         .collect();
     // Lua's tie rule: the first of equal waits stands.
-    let request_wait = seen.iter().fold(0.0, |w, seen| max(w, seen.4));
-    if request_wait <= max_wait {
-        let outcomes = parts
-            .iter()
-            .zip(&seen)
-            .map(|(part, &(s, avail, ts, _, wait))| {
-                let p = &part.p;
-                let over = if request_wait == 0.0 {
-                    0.0
-                } else if wait == request_wait {
-                    max(0.0, s.t + refill(p, ts + wait - s.ts) - p.capacity)
-                } else {
-                    max(0.0, avail + refill(p, request_wait) - p.capacity)
-                };
-                let w = write(p, avail - part.cost - over, ts);
-                let outcome = Outcome {
-                    allowed: true,
-                    wait: whole(request_wait),
-                    remaining: whole_tokens(w.state.t),
-                    reset: whole(w.full - ts),
-                    at: whole(ts),
-                };
-                (outcome, Some(w))
-            })
-            .collect();
-        return (true, outcomes);
-    }
-    let outcomes = parts
-        .iter()
-        .zip(&seen)
-        .map(|(part, &(s, avail, ts, clamped, wait))| {
-            let p = &part.p;
+    let request_wait = waits.iter().fold(0.0, |w, &wait| max(w, wait));
+    let admitted = request_wait <= max_wait;
+    for (part, &wait) in parts.iter().zip(&waits) {
+        let p = &part.p;
+        let (s, avail, ts, clamped) = available(p, part.state, now);
+        if admitted {
+            let over = if request_wait == 0.0 {
+                0.0
+            } else if wait == request_wait {
+                max(0.0, s.t + refill(p, ts + wait - s.ts) - p.capacity)
+            } else {
+                max(0.0, avail + refill(p, request_wait) - p.capacity)
+            };
+            let w = write(p, avail - part.cost - over, ts);
+            let outcome = Outcome {
+                allowed: true,
+                wait: whole(request_wait),
+                remaining: whole_tokens(w.state.t),
+                reset: whole(w.full - ts),
+                at: whole(ts),
+            };
+            each(outcome, Some(w));
+        } else {
             let outcome = Outcome {
                 allowed: false,
                 wait: whole(wait),
@@ -459,10 +461,22 @@ pub(crate) fn evaluate_all(
                 reset: whole(ready_at(p, s.t, s.ts, p.capacity) - ts),
                 at: whole(ts),
             };
-            (outcome, clamped.then(|| write(p, s.t, s.ts)))
-        })
-        .collect();
-    (false, outcomes)
+            each(outcome, clamped.then(|| write(p, s.t, s.ts)));
+        }
+    }
+    admitted
+}
+
+/// [`evaluate_all`] with its outcomes and writes collected, for the tests.
+#[cfg(test)]
+pub(crate) fn evaluate_all_collected(
+    parts: &[Part],
+    now: u64,
+    max_wait: u64,
+) -> (bool, Vec<(Outcome, Option<Write>)>) {
+    let mut decided = Vec::with_capacity(parts.len());
+    let admitted = evaluate_all(parts, now, max_wait, |o, w| decided.push((o, w)));
+    (admitted, decided)
 }
 
 /// What a bucket holds at `now`, without taking or writing anything.

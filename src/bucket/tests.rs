@@ -947,7 +947,7 @@ proptest! {
         let cost = f64::from(cost).min(p.capacity);
         let now = START + later;
         let single = evaluate(&p, state, now, cost, max_wait);
-        let (allowed, all) = evaluate_all(&[Part { p, state, cost }], now, max_wait);
+        let (allowed, all) = evaluate_all_collected(&[Part { p, state, cost }], now, max_wait);
         prop_assert_eq!(allowed, single.0.allowed);
         prop_assert_eq!(all.len(), 1);
         prop_assert_eq!(all[0].0, single.0);
@@ -981,7 +981,7 @@ proptest! {
                 .zip(&costs)
                 .map(|((&p, &state), &cost)| Part { p, state, cost: f64::from(cost).min(p.capacity) })
                 .collect();
-            let (allowed, outcomes) = evaluate_all(&parts, now, max_wait);
+            let (allowed, outcomes) = evaluate_all_collected(&parts, now, max_wait);
             prop_assert!(outcomes.iter().all(|(o, _)| o.allowed == allowed));
             if allowed {
                 let wait = outcomes[0].0.wait;
@@ -997,9 +997,9 @@ proptest! {
                 prop_assert!(retry > max_wait);
                 prop_assert!(outcomes.iter().all(|(_, w)| w.is_none()), "a denial wrote");
                 // Nothing else happens meanwhile: the same request goes at `now + retry`.
-                let (at_retry, _) = evaluate_all(&parts, now + retry, 0);
+                let (at_retry, _) = evaluate_all_collected(&parts, now + retry, 0);
                 prop_assert!(at_retry, "denied at its retry time");
-                let (before, _) = evaluate_all(&parts, now + retry - 1, 0);
+                let (before, _) = evaluate_all_collected(&parts, now + retry - 1, 0);
                 prop_assert!(!before, "admitted before its retry time");
             }
         }
@@ -1044,19 +1044,19 @@ fn a_request_on_two_buckets_waits_for_the_later_and_takes_both_at_that_slot() {
             },
         ]
     };
-    let (ok, first) = evaluate_all(&parts(None, None), START, 0);
+    let (ok, first) = evaluate_all_collected(&parts(None, None), START, 0);
     assert!(ok);
     let (e, a) = (first[0].1.map(|w| w.state), first[1].1.map(|w| w.state));
     assert_eq!((first[0].0.remaining, first[1].0.remaining), (0, 1));
     // The endpoint's next token is a second away: with no wait allowed, refused on it alone,
     // and the account keeps its token.
-    let (ok, denied) = evaluate_all(&parts(e, a), START, 0);
+    let (ok, denied) = evaluate_all_collected(&parts(e, a), START, 0);
     assert!(!ok);
     assert_eq!((denied[0].0.wait, denied[1].0.wait), (1000, 0));
     assert!(denied.iter().all(|(_, w)| w.is_none()));
     // Allowed to wait, it goes in a second, on both. The account would be full again by then:
     // it is debited as at that slot, where it holds its burst less this request's token.
-    let (ok, queued) = evaluate_all(&parts(e, a), START, 1000);
+    let (ok, queued) = evaluate_all_collected(&parts(e, a), START, 1000);
     assert!(ok);
     assert_eq!((queued[0].0.wait, queued[1].0.wait), (1000, 1000));
     let account_after = queued[1].1.unwrap().state;

@@ -30,7 +30,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use crate::bucket::Outcome;
+use crate::bucket::{Outcome, PerBucket};
 #[cfg(feature = "redis")]
 pub(crate) use crate::error::BackendError;
 pub(crate) use crate::error::StoreError;
@@ -563,7 +563,7 @@ impl<'a> Take<'a> {
 /// Checks the buckets of an [`acquire_all`](BucketStore::acquire_all) before any store is
 /// asked: their number, each cost against its limit, and that no bucket is named twice (a
 /// store holds a bucket's lock once). The costs, as the arithmetic takes them.
-pub(crate) fn check_takes(takes: &[Take<'_>]) -> Result<Vec<f64>, StoreError> {
+pub(crate) fn check_takes(takes: &[Take<'_>]) -> Result<PerBucket<f64>, StoreError> {
     if takes.len() > MAX_TAKES {
         return Err(StoreError::TooManyAtOnce {
             count: takes.len(),

@@ -23,7 +23,7 @@ use std::time::{Duration, SystemTime};
 use hashbrown::{DefaultHashBuilder, HashTable};
 use spinning_top::Spinlock;
 
-use crate::bucket::{self, Params, State, Write};
+use crate::bucket::{self, Params, PerBucket, State, Write};
 use crate::clock::{Clock, SystemClock, deadline_ms, whole_ms};
 use crate::store::sharding::{self, hash};
 use crate::store::{
@@ -363,9 +363,9 @@ impl<C: Clock> BucketStore for MemoryStore<C> {
     ) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send {
         let decided = check_takes(takes).and_then(|costs| {
             let max_wait = whole_ms(max_wait);
-            let ids: Vec<&str> = takes.iter().map(|t| t.key().as_str()).collect();
-            self.with_buckets(&ids, |states, now| {
-                let parts: Vec<bucket::Part> = takes
+            let ids: PerBucket<&str> = takes.iter().map(|t| t.key().as_str()).collect();
+            self.with_buckets(&ids, |states, now, writes| {
+                let parts: PerBucket<bucket::Part> = takes
                     .iter()
                     .zip(states)
                     .zip(&costs)
@@ -375,18 +375,20 @@ impl<C: Clock> BucketStore for MemoryStore<C> {
                         cost,
                     })
                     .collect();
-                let (_, decided) = bucket::evaluate_all(&parts, now, max_wait);
-                decided.into_iter().unzip()
+                let mut decisions = Vec::with_capacity(takes.len());
+                let mut at = 0;
+                bucket::evaluate_all(&parts, now, max_wait, |outcome, write| {
+                    if let (Some(t), Some(slot)) = (takes.get(at), writes.get_mut(at)) {
+                        decisions.push(Decision::new(outcome, t.limit(), t.cost()));
+                        *slot = write;
+                    }
+                    at += 1;
+                });
+                decisions
             })
             .map_err(|Full| self.too_many())
         });
-        ready(decided.map(|outcomes: Vec<bucket::Outcome>| {
-            outcomes
-                .into_iter()
-                .zip(takes)
-                .map(|(outcome, t)| Decision::new(outcome, t.limit(), t.cost()))
-                .collect()
-        }))
+        ready(decided)
     }
 
     fn peek(

@@ -12,7 +12,7 @@ use super::key::Key;
 use super::table::{FREE, GONE, Held, MAX_TABLE_LEN, Slot, Table, tag_of, wait};
 use super::view::{VIEWS, refresh_view};
 use super::{MemoryStore, hash};
-use crate::bucket::{self, State, Write};
+use crate::bucket::{self, PerBucket, State, Write};
 use crate::clock::Clock;
 
 /// How often, at most, a shard that new keys reach rebuilds its table, dropping buckets that have
@@ -168,22 +168,22 @@ impl<C: Clock> MemoryStore<C> {
     pub(super) fn with_buckets<T>(
         &self,
         ids: &[&str],
-        f: impl FnOnce(&[Option<State>], u64) -> (T, Vec<Option<Write>>),
+        f: impl FnOnce(&[Option<State>], u64, &mut [Option<Write>]) -> T,
     ) -> Result<T, Full> {
         let hasher = &self.inner.hasher;
-        let keys: Vec<(u64, usize)> = ids
+        let keys: PerBucket<(u64, usize)> = ids
             .iter()
             .map(|id| {
                 let hash = hash(hasher, id.as_bytes());
                 (hash, self.inner.shard_of(hash))
             })
             .collect();
-        let mut order: Vec<usize> = keys.iter().map(|&(_, shard)| shard).collect();
+        let mut order: PerBucket<usize> = keys.iter().map(|&(_, shard)| shard).collect();
         order.sort_unstable();
         order.dedup();
         let now_ms = self.clock.now_ms();
         let now = bucket::time(now_ms);
-        let mut guards: Vec<SpinlockGuard<'_, Shard>> = order
+        let mut guards: PerBucket<SpinlockGuard<'_, Shard>> = order
             .iter()
             .map(|&index| lock(&self.inner.shards[index].0))
             .collect();
@@ -193,6 +193,10 @@ impl<C: Clock> MemoryStore<C> {
             shard.locked_decisions += 1;
             if shard.wants_rebuild(now) {
                 shard.rebuild(now - GRACE_MS, now, hasher);
+            }
+            // Room for every key of the request is the usual case, and needs no look.
+            if shard.held() + ids.len() <= cap {
+                continue;
             }
             let absent = ids
                 .iter()
@@ -216,12 +220,12 @@ impl<C: Clock> MemoryStore<C> {
             }
         }
         let (out, writes) = {
-            let held: Vec<Option<Held<'_>>> = ids
+            let held: PerBucket<Option<Held<'_>>> = ids
                 .iter()
                 .zip(&keys)
                 .map(|(id, &(hash, s))| guards[guard_of(s)].table.hold(hash, id))
                 .collect();
-            let states: Vec<Option<State>> = ids
+            let states: PerBucket<Option<State>> = ids
                 .iter()
                 .zip(&keys)
                 .zip(&held)
@@ -233,8 +237,8 @@ impl<C: Clock> MemoryStore<C> {
                         .map(|e| e.state),
                 })
                 .collect();
-            let (out, mut writes) = f(&states, now_ms);
-            writes.resize(ids.len(), None);
+            let mut writes: PerBucket<Option<Write>> = ids.iter().map(|_| None).collect();
+            let out = f(&states, now_ms, &mut writes);
             for (held, write) in held.iter().zip(writes.iter_mut()) {
                 if let (Some(held), Some(w)) = (held, write.as_ref()) {
                     held.store(w);

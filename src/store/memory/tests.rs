@@ -212,7 +212,7 @@ fn run(ops: &[Op], keys: &[BucketKey], limits: &[Limit]) -> Result<(), TestCaseE
                                 cost,
                             })
                             .collect();
-                        let (_, decided) = bucket::evaluate_all(&parts, now, max_wait_ms);
+                        let (_, decided) = bucket::evaluate_all_collected(&parts, now, max_wait_ms);
                         let expected: Vec<Decision> = decided
                             .iter()
                             .zip(&takes)

@@ -90,7 +90,7 @@ fn parts(buckets: &[Bucket], takes: &[(usize, u64)]) -> Vec<Part> {
 
 /// The request's wait for `takes` at `now`: the largest of the buckets' own.
 fn request_wait(buckets: &[Bucket], takes: &[(usize, u64)], now: u64) -> u64 {
-    let (_, results) = bucket::evaluate_all(&parts(buckets, takes), now, 0);
+    let (_, results) = bucket::evaluate_all_collected(&parts(buckets, takes), now, 0);
     results.iter().map(|(o, _)| o.wait).max().unwrap_or(0)
 }
 
@@ -105,7 +105,7 @@ async fn check_all(
     log: &str,
 ) -> Result<Vec<Outcome>, String> {
     let parts = parts(buckets, takes);
-    let (allowed, results) = bucket::evaluate_all(&parts, now, max_wait);
+    let (allowed, results) = bucket::evaluate_all_collected(&parts, now, max_wait);
     // For each key: the TTL the call sets, if it sets one, and whether the key was there.
     let mut ttls = Vec::with_capacity(takes.len());
     for (&(i, _), (part, &(_, write))) in takes.iter().zip(parts.iter().zip(&results)) {
