@@ -9,7 +9,7 @@ use spinning_top::Spinlock;
 use spinning_top::guard::SpinlockGuard;
 
 use super::key::Key;
-use super::table::{FREE, GONE, Held, MAX_TABLE_LEN, Slot, Table, tag_of, wait};
+use super::table::{FREE, GONE, Held, MAX_TABLE_LEN, Slot, Table, Tried, tag_of, wait};
 use super::view::{VIEWS, refresh_view};
 use super::{MemoryStore, hash};
 use crate::bucket::{self, PerBucket, State, Write};
@@ -157,14 +157,12 @@ impl<C: Clock> MemoryStore<C> {
     /// Decides on several buckets at once (`BucketStore::acquire_all`), with every one of them
     /// held for the whole decision.
     ///
-    /// The lock order that keeps this free of deadlock (docs/DESIGN.md#several-buckets-at-once):
-    /// the shards of the keys first, each once, in ascending order of index, and then the
-    /// buckets. Every other path holds at most one shard and then a bucket of it (a decision
-    /// under the shard's lock, a rebuild), or a bucket alone (the lock-free path), and waits for
-    /// nothing while it holds a bucket; so the buckets taken here are only ever waited for
-    /// while their holders finish. With its shards held, no rebuild can move a bucket to a newer
-    /// table, and no other thread can add or remove a new key, so room for the keys the shards
-    /// do not hold yet is made (or refused) before any bucket is held.
+    /// First without any shard lock, through this thread's view of the tables, as a decision
+    /// on one bucket goes: each bucket is tried once, and the first that is locked by another
+    /// decision, missing from its table or gone to a newer one releases every bucket held so
+    /// far, and the decision goes to [`with_buckets_locked`](Self::with_buckets_locked). A
+    /// decision here never waits while it holds a bucket, so it cannot be part of a deadlock.
+    #[inline]
     pub(super) fn with_buckets<T>(
         &self,
         ids: &[&str],
@@ -178,10 +176,60 @@ impl<C: Clock> MemoryStore<C> {
                 (hash, self.inner.shard_of(hash))
             })
             .collect();
+        let now_ms = self.clock.now_ms();
+        let mut f = Some(f);
+        let fast = VIEWS.try_with(|views| {
+            let mut views = views.try_borrow_mut().ok()?;
+            let tables: &[Table] = self.inner.view(&mut views);
+            let mut held: PerBucket<Held<'_>> = PerBucket::new();
+            for (id, &(hash, index)) in ids.iter().zip(&keys) {
+                // Returning drops what is held so far, which releases it.
+                match tables.get(index)?.try_hold(hash, id) {
+                    Tried::Held(h) => held.push(h),
+                    Tried::Missing | Tried::Busy => return None,
+                }
+            }
+            let states: PerBucket<Option<State>> = held.iter().map(|h| Some(h.state())).collect();
+            let mut writes: PerBucket<Option<Write>> = ids.iter().map(|_| None).collect();
+            let out = f.take()?(&states, now_ms, &mut writes);
+            for (h, w) in held.iter().zip(&writes) {
+                if let Some(w) = w {
+                    h.store(w);
+                }
+            }
+            Some(out)
+        });
+        match (fast, f) {
+            (Ok(Some(out)), _) => Ok(out),
+            (_, Some(f)) => self.with_buckets_locked(ids, &keys, now_ms, f),
+            // `f` is only taken once every bucket is held, and then decides.
+            (_, None) => unreachable!("a decision's function was used and its result lost"),
+        }
+    }
+
+    /// [`with_buckets`](Self::with_buckets) under the shards' locks: for keys new to their
+    /// shards, and for buckets another decision held when the lock-free try came.
+    ///
+    /// The lock order that keeps this free of deadlock (docs/DESIGN.md#several-buckets-at-once):
+    /// the shards of the keys first, each once, in ascending order of index, and then the
+    /// buckets. Every other path holds at most one shard and then a bucket of it (a decision
+    /// under the shard's lock, a rebuild), or a bucket alone (the lock-free path), and waits for
+    /// nothing while it holds a bucket; so the buckets taken here are only ever waited for
+    /// while their holders finish. With its shards held, no rebuild can move a bucket to a newer
+    /// table, and no other thread can add or remove a new key, so room for the keys the shards
+    /// do not hold yet is made (or refused) before any bucket is held.
+    #[cold]
+    fn with_buckets_locked<T>(
+        &self,
+        ids: &[&str],
+        keys: &[(u64, usize)],
+        now_ms: u64,
+        f: impl FnOnce(&[Option<State>], u64, &mut [Option<Write>]) -> T,
+    ) -> Result<T, Full> {
+        let hasher = &self.inner.hasher;
         let mut order: PerBucket<usize> = keys.iter().map(|&(_, shard)| shard).collect();
         order.sort_unstable();
         order.dedup();
-        let now_ms = self.clock.now_ms();
         let now = bucket::time(now_ms);
         let mut guards: PerBucket<SpinlockGuard<'_, Shard>> = order
             .iter()
@@ -200,7 +248,7 @@ impl<C: Clock> MemoryStore<C> {
             }
             let absent = ids
                 .iter()
-                .zip(&keys)
+                .zip(keys)
                 .filter(|&(id, &(hash, s))| {
                     guard_of(s) == n
                         && shard.table.find(hash, id).is_none()
@@ -211,8 +259,9 @@ impl<C: Clock> MemoryStore<C> {
                 if now < shard.no_room_until {
                     return Err(Full);
                 }
+                // No view is refreshed here: making a thread's first view locks every shard,
+                // some of which this call holds. The thread's next decision refreshes it.
                 shard.rebuild_evicting(now, hasher, cap.saturating_sub(absent));
-                self::refresh_view(&self.inner, order[n], &shard.table);
                 if shard.held() + absent > cap {
                     shard.no_room_until = now + SWEEP_EVERY_MS;
                     return Err(Full);
@@ -222,12 +271,12 @@ impl<C: Clock> MemoryStore<C> {
         let (out, writes) = {
             let held: PerBucket<Option<Held<'_>>> = ids
                 .iter()
-                .zip(&keys)
+                .zip(keys)
                 .map(|(id, &(hash, s))| guards[guard_of(s)].table.hold(hash, id))
                 .collect();
             let states: PerBucket<Option<State>> = ids
                 .iter()
-                .zip(&keys)
+                .zip(keys)
                 .zip(&held)
                 .map(|((id, &(hash, s)), held)| match held {
                     Some(held) => Some(held.state()),
@@ -251,7 +300,7 @@ impl<C: Clock> MemoryStore<C> {
             (out, writes)
         };
         // The buckets among the shards' new keys, under the shards' locks still.
-        for ((id, &(hash, s)), write) in ids.iter().zip(&keys).zip(writes) {
+        for ((id, &(hash, s)), write) in ids.iter().zip(keys).zip(writes) {
             let Some(w) = write else { continue };
             let shard = &mut guards[guard_of(s)];
             match shard.new.find_entry(hash, |e| e.key.is(id)) {

@@ -102,6 +102,53 @@ impl Table {
     }
 }
 
+/// What [`Table::try_hold`] found.
+pub(super) enum Tried<'t> {
+    /// The bucket, locked.
+    Held(Held<'t>),
+    /// The table has no live bucket for the key (gone to a newer table, or never in this one).
+    Missing,
+    /// A slot on the way was locked by another decision.
+    Busy,
+}
+
+impl Table {
+    /// [`hold`](Self::hold) without waiting: every slot on the way is tried once, and a locked
+    /// one ends the search as [`Tried::Busy`]. For a decision that holds other buckets already,
+    /// which must never wait while it holds them.
+    pub(super) fn try_hold(&self, hash: u64, id: &str) -> Tried<'_> {
+        let tag = tag_of(hash);
+        let mask = self.index.len().wrapping_sub(1);
+        let mut at = hash as usize & mask;
+        for _ in 0..self.index.len() {
+            let Some(&entry) = self.index.get(at) else {
+                return Tried::Missing;
+            };
+            if entry == 0 {
+                return Tried::Missing;
+            }
+            if entry >> 24 == tag {
+                let position = (entry & 0xFF_FFFF) as usize;
+                let Some(slot) = self.buckets.get(position.wrapping_sub(1)) else {
+                    return Tried::Missing;
+                };
+                match slot
+                    .lock
+                    .compare_exchange(FREE, HELD, Ordering::Acquire, Ordering::Relaxed)
+                {
+                    Ok(_) if slot.key.is(id) => return Tried::Held(Held(slot)),
+                    Ok(_) => slot.unlock(),
+                    Err(GONE) if slot.key.is(id) => return Tried::Missing,
+                    Err(GONE) => {}
+                    Err(_) => return Tried::Busy,
+                }
+            }
+            at = (at + 1) & mask;
+        }
+        Tried::Missing
+    }
+}
+
 /// A bucket whose lock is held; dropping it releases the lock.
 pub(super) struct Held<'t>(&'t Slot);
 

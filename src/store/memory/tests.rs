@@ -504,7 +504,24 @@ fn decisions_racing_through_rebuilds_are_exact() {
 fn requests_on_several_buckets_racing_through_rebuilds_are_exact_and_never_deadlock() {
     const BURST: u32 = 20_000;
     const REBUILDS: u32 = 30;
-    let (store, limit, keys) = race_setup(BURST);
+    let (store, limit, _) = race_setup(BURST);
+    // Three keys in three different shards, so that every request on several takes several
+    // shard locks when it takes any.
+    let shard = |k: &BucketKey| {
+        store
+            .inner
+            .shard_of(hash(&store.inner.hasher, k.as_str().as_bytes()))
+    };
+    let mut keys: Vec<BucketKey> = Vec::new();
+    for i in 0.. {
+        let k = BucketKey::new("race", format!("k{i}")).expect("a valid key");
+        if keys.iter().all(|o| shard(o) != shard(&k)) {
+            keys.push(k);
+        }
+        if keys.len() == 3 {
+            break;
+        }
+    }
     let done = std::sync::atomic::AtomicBool::new(false);
     let taken = std::thread::scope(|s| {
         s.spawn(|| {
@@ -529,15 +546,23 @@ fn requests_on_several_buckets_racing_through_rebuilds_are_exact_and_never_deadl
                             2 => vec![1, 2],
                             _ => vec![(i + w) % keys.len()],
                         };
-                        let takes: Vec<Take<'_>> = picked
-                            .iter()
-                            .map(|&k| Take::new(&keys[k], limit, 1))
-                            .collect();
-                        let d = now_or_never(store.acquire_all(&takes, Duration::ZERO))
-                            .expect("decides");
-                        let admitted = d.iter().filter(|d| d.is_admitted()).count();
-                        assert!(admitted == 0 || admitted == d.len(), "{d:?}");
-                        if admitted > 0 {
+                        let admitted = if let [k] = picked[..] {
+                            // One bucket alone, on the plain path.
+                            now_or_never(store.acquire(&keys[k], limit, 1, Duration::ZERO))
+                                .expect("decides")
+                                .is_admitted()
+                        } else {
+                            let takes: Vec<Take<'_>> = picked
+                                .iter()
+                                .map(|&k| Take::new(&keys[k], limit, 1))
+                                .collect();
+                            let d = now_or_never(store.acquire_all(&takes, Duration::ZERO))
+                                .expect("decides");
+                            let admitted = d.iter().filter(|d| d.is_admitted()).count();
+                            assert!(admitted == 0 || admitted == d.len(), "{d:?}");
+                            admitted > 0
+                        };
+                        if admitted {
                             for &k in &picked {
                                 taken[k] += 1;
                             }
@@ -565,6 +590,30 @@ fn requests_on_several_buckets_racing_through_rebuilds_are_exact_and_never_deadl
             taken[k]
         );
     }
+}
+
+/// A thread whose only calls are requests on several new keys, in a store at its bound: the
+/// shard it makes room in is one it holds locked, and it must not wait for that lock (a thread
+/// with no view of the store yet makes one by locking every shard).
+#[test]
+fn requests_on_several_new_keys_at_the_bound_from_a_fresh_thread_never_hang() {
+    let (store, _) = bounded(64);
+    let limit = five_per_hour();
+    let store = &store;
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            for i in 0..2_000 {
+                let (a, b) = (
+                    BucketKey::new("fresh", format!("a{i}")).expect("a valid key"),
+                    BucketKey::new("fresh", format!("b{i}")).expect("a valid key"),
+                );
+                let both = [Take::new(&a, limit, 1), Take::new(&b, limit, 1)];
+                let d = now_or_never(store.acquire_all(&both, Duration::ZERO)).expect("decides");
+                assert!(d.iter().all(|d| d.is_admitted()));
+            }
+        });
+    });
+    assert!(store.len() <= store.max_buckets());
 }
 
 /// A new key waits under its shard's lock only until it has been decided a few dozen times:
