@@ -269,6 +269,11 @@ impl BucketKey {
         &self.id[..self.bucket_len]
     }
 
+    /// The escaped or hashed caller's key, without the bucket: what a Redis key's hash tag holds.
+    pub(crate) fn caller(&self) -> &str {
+        self.id.get(self.bucket_len + 1..).unwrap_or_default()
+    }
+
     /// `<bucket>:<escaped or hashed key>`: the part of the store key this identity contributes.
     pub fn as_str(&self) -> &str {
         &self.id

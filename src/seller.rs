@@ -277,8 +277,9 @@ pub fn groups() -> Vec<Group> {
     ]
 }
 
-/// The middleware routes for `groups` under one token type, in the same order (the middleware
-/// uses the first route that matches): bucket `<token_type>-<group name>` for each.
+/// The middleware routes for `groups` under one token type, in the same order: bucket
+/// `<token_type>-<group name>` for each. No two groups' patterns overlap, so each request
+/// matches one of them.
 ///
 /// Build one set per token type the program uses; the account is taken per request by the
 /// middleware (see the [module docs](self#keyed-by-token-type-and-account)). Fails as

@@ -1,6 +1,8 @@
 //! What a layer and its services share: the store, the rules and how refusals look.
 
 use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use http::HeaderValue;
@@ -33,6 +35,10 @@ pub(crate) struct Config<St> {
     /// Requests no rule applies to.
     pub(crate) skip: Option<SkipFn>,
     pub(crate) on_decision: Option<DecisionHook>,
+    /// Set once the store refused the rules of one request at once because their keys sit in
+    /// different Redis Cluster slots: from then on, a request whose rules key on different
+    /// callers takes them in turn without trying first. Shared by the layer's copies.
+    pub(crate) apart: Arc<AtomicBool>,
 }
 
 impl<St: Clone> Clone for Config<St> {
@@ -49,6 +55,7 @@ impl<St: Clone> Clone for Config<St> {
             shadow: self.shadow,
             skip: self.skip.clone(),
             on_decision: self.on_decision.clone(),
+            apart: Arc::clone(&self.apart),
         }
     }
 }

@@ -5,6 +5,7 @@
 
 use std::mem;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -242,28 +243,41 @@ pub(crate) fn decide<St: BucketStore + Clone>(
     }
 }
 
-/// Whether the warning that a Cluster cannot take several rules at once has been given, once
-/// per process.
-static CROSS_SLOT_WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
 /// Two enforcing rules or more: their tokens taken by one store call, from every rule's bucket
 /// or from none, the request going at the latest of their times, each bucket's slot taken at
 /// that time ([`BucketStore::acquire_all`]); then each shadow rule decides on its own, without
 /// waiting, as in the loop. A refusal takes nothing, so nothing is given back, and nobody else
 /// sees the other rules' tokens gone meanwhile; nor can a rule's wait release requests that
-/// another spaced out, together, faster than its limit. `None` when a Redis Cluster holds the
-/// rules' keys in different slots: the caller then takes them in turn.
+/// another spaced out, together, faster than its limit. `None` when one call cannot take them
+/// (a Redis Cluster holds their keys in different slots, two rules share a bucket, or there are
+/// more than one call takes): the caller then takes them in turn. A request waits at most two
+/// token periods of its fastest rule: longer, it would hold that rule's tokens from everyone.
 async fn together<St: BucketStore + Clone>(
     config: &Arc<Config<St>>,
     plan: &[Planned],
 ) -> Option<Verdict<St>> {
     let shadow = |p: &Planned| config.shadow || config.rules[p.rule].shadow;
     let enforcing: Vec<usize> = (0..plan.len()).filter(|&n| !shadow(&plan[n])).collect();
+    // Keys of different callers sit in different slots of a Cluster that has said so once.
+    let first = plan[enforcing[0]].key.caller();
+    if config.apart.load(Ordering::Relaxed)
+        && enforcing.iter().any(|&n| plan[n].key.caller() != first)
+    {
+        return None;
+    }
     let takes: Vec<Take<'_>> = enforcing
         .iter()
         .map(|&n| Take::new(&plan[n].key, plan[n].limit, plan[n].cost))
         .collect();
-    let decided = config.store.acquire_all(&takes, config.max_wait).await;
+    // A request that waits holds every one of its buckets' tokens for its slot, so that each
+    // bucket's other requests queue behind it: one client deep in its own rule's queue would
+    // hold a global rule's tokens for everyone. The wait is kept within two token periods of
+    // every rule that applies.
+    let max_wait = enforcing
+        .iter()
+        .map(|&n| plan[n].limit.default_max_wait(plan[n].cost))
+        .fold(config.max_wait, Duration::min);
+    let decided = config.store.acquire_all(&takes, max_wait).await;
     let failed = |e: StoreError| {
         // One request, one failure: counted once, on the first rule that enforces.
         observe_failure(config, &plan[enforcing[0]], &e);
@@ -283,7 +297,7 @@ async fn together<St: BucketStore + Clone>(
         Err(StoreError::CrossSlot) => {
             // A Redis Cluster holds these rules' keys in different slots, where no one call
             // takes them all: the rules go in turn, as one rule each, with a refund on refusal.
-            if !CROSS_SLOT_WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            if !config.apart.swap(true, Ordering::Relaxed) {
                 tracing::warn!(
                     "rate limit rules that apply together live in different Redis Cluster \
                      slots: taking them in turn, not at once (docs: the layer, \"Several rules\")"
@@ -291,6 +305,8 @@ async fn together<St: BucketStore + Clone>(
             }
             return None;
         }
+        // Two rules of one bucket, or more rules than one call takes: in turn, as before.
+        Err(StoreError::SameBucketTwice { .. } | StoreError::TooManyAtOnce { .. }) => return None,
         Err(e) => return failed(e),
     };
     let mut taken: Vec<Taken> = enforcing

@@ -39,6 +39,7 @@ impl<St: BucketStore + Clone> RateLimitLayer<St> {
                 shadow: false,
                 skip: None,
                 on_decision: None,
+                apart: Arc::default(),
             }),
         }
     }

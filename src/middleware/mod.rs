@@ -125,9 +125,11 @@ impl<St: BucketStore + Clone> RateLimitMiddleware<St, SystemClock> {
 }
 
 impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
-    /// Adds a route. Every route that matches a request applies, all taken at once; the order
-    /// they were added in matters only for which route follows what the upstream reports
-    /// (the first), see the module docs' "Several limits on one request".
+    /// Adds a route. Every route that matches a request applies, all taken at once, but for two
+    /// of one bucket: the first of those that matches applies (so a `/batch` route that costs
+    /// 10, added before a `/**` route of the same bucket, makes a batch cost 10 there). The
+    /// order also says which route follows what the upstream reports (the first): see the
+    /// module docs' "Several limits on one request".
     #[must_use]
     pub fn route(mut self, route: Route) -> Self {
         Arc::make_mut(&mut self.config).routes.push(route);
@@ -364,13 +366,18 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
         if !self.spend(ticket).await? {
             return Ok(false);
         }
+        // Every bucket is asked, whatever the others answer: the ticket is spent, and a refund
+        // left out now could never be made.
+        let mut failed = None;
         for ((key, reservation), limit) in ticket.buckets().zip(limits) {
-            self.store
-                .refund(key, limit, *reservation)
-                .await
-                .map_err(reqwest_middleware::Error::middleware)?;
+            if let Err(e) = self.store.refund(key, limit, *reservation).await {
+                failed.get_or_insert(e);
+            }
         }
-        Ok(true)
+        match failed {
+            Some(e) => Err(reqwest_middleware::Error::middleware(e)),
+            None => Ok(true),
+        }
     }
 
     /// A ticket's grace under `limit`: one token period per token of its cost after its turn.
@@ -459,15 +466,20 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
         Ok(res)
     }
 
-    /// Every route that matches the request, in the order they were added; the default route
-    /// when none does; none without a default.
+    /// Every route that matches the request, in the order they were added, but for a route of a
+    /// bucket an earlier match draws from already (the first route of a bucket that matches
+    /// sets the request's cost there); the default route when none matches; none without a
+    /// default.
     fn routes_for(&self, req: &Request) -> Vec<&Route> {
         let config = &self.config;
-        let matching: Vec<&Route> = config
-            .routes
-            .iter()
-            .filter(|r| r.matches_url(req.method(), req.url()))
-            .collect();
+        let mut matching: Vec<&Route> = Vec::new();
+        for route in &config.routes {
+            if route.matches_url(req.method(), req.url())
+                && !matching.iter().any(|m| m.bucket == route.bucket)
+            {
+                matching.push(route);
+            }
+        }
         if matching.is_empty() {
             return config.default.iter().collect();
         }

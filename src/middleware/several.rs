@@ -47,14 +47,16 @@ where
             .collect()
     }
 
-    /// The ceiling on a request's wait: the middleware's, or the longest of the default ones
-    /// of its routes (two token periods per token of its cost, each).
+    /// The ceiling on a request's wait: the middleware's, or the shortest of the default ones
+    /// of its routes (two token periods per token of its cost, each). A waiting request holds
+    /// every one of its buckets' tokens for its slot, so that each bucket's other requests queue
+    /// behind it; the shortest default keeps that within two token periods of every route.
     pub(super) fn ceiling(&self, draws: &[Draw<'_>]) -> Duration {
         self.config.max_wait.unwrap_or_else(|| {
             draws
                 .iter()
                 .map(|d| d.limit.default_max_wait(d.cost))
-                .max()
+                .min()
                 .unwrap_or(Duration::ZERO)
         })
     }

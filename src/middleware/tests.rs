@@ -1708,3 +1708,93 @@ async fn a_ticket_books_every_route_at_once_and_gives_every_turn_back() {
     to(&client, "/stocks").await;
     assert_eq!(upstream.sent_ms(start), [0, 0, 2_000]);
 }
+
+#[tokio::test(start_paused = true)]
+async fn of_two_routes_of_one_bucket_the_first_that_matches_applies() {
+    // A batch counts as ten requests of the account's budget: its route of the account's
+    // bucket comes before the one of every path.
+    let clock = crate::TokioClock::new();
+    let account = Limit::per_second(1)
+        .and_then(|l| l.with_burst(20))
+        .expect("a valid limit");
+    let limiter = RateLimitMiddleware::new(MemoryStore::with_clock(clock))
+        .with_clock(clock)
+        .route(
+            Route::new("account", account, "/batch")
+                .expect("a route")
+                .cost(NonZeroU32::new(10).expect("non-zero")),
+        )
+        .route(Route::new("account", account, "/**").expect("a route"))
+        .max_wait(Duration::ZERO);
+    let upstream = Reporting::new(|_| (StatusCode::OK, Vec::new()));
+    let client = through(limiter, &upstream);
+    let start = tokio::time::Instant::now();
+    to(&client, "/batch").await;
+    to(&client, "/batch").await;
+    // The twenty tokens are spent: a plain request is refused, with a second to wait.
+    let refused = client
+        .get("http://upstream.test/stocks")
+        .with_extension(Account::new("seller-1"))
+        .send()
+        .await
+        .expect_err("a local 429");
+    let limited = rate_limited(&refused).expect("the local 429");
+    assert_eq!(limited.retry_after(), Duration::from_secs(1));
+    assert_eq!(upstream.sent_ms(start), [0, 0]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn several_routes_wait_by_default_no_longer_than_the_fastest_allows() {
+    // The endpoint: one a minute, burst 1. The account: ten a second. Its default ceiling, two
+    // of the account's token periods, is what a request on both may wait: the endpoint's next
+    // token, a minute away, is the local 429 at once, not a minute of the account's tokens held.
+    let clock = crate::TokioClock::new();
+    let endpoint = Limit::per_minute(1).expect("a valid limit");
+    let account = Limit::per_second(10).expect("a valid limit");
+    let limiter = RateLimitMiddleware::new(MemoryStore::with_clock(clock))
+        .with_clock(clock)
+        .route(Route::new("orders", endpoint, "/orders").expect("a route"))
+        .route(Route::new("account", account, "/**").expect("a route"));
+    let upstream = Reporting::new(|_| (StatusCode::OK, Vec::new()));
+    let client = through(limiter, &upstream);
+    let start = tokio::time::Instant::now();
+    to(&client, "/orders").await;
+    let refused = client
+        .get("http://upstream.test/orders")
+        .with_extension(Account::new("seller-1"))
+        .send()
+        .await
+        .expect_err("a local 429");
+    let limited = rate_limited(&refused).expect("the local 429");
+    assert_eq!(limited.bucket(), "orders");
+    assert_eq!(limited.retry_after(), Duration::from_secs(60));
+    assert_eq!(start.elapsed(), Duration::ZERO, "nothing waited");
+    // The account's tokens were not held: another path goes at once.
+    to(&client, "/stocks").await;
+    assert_eq!(upstream.sent_ms(start), [0, 0]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_ticket_of_two_buckets_is_refused_where_one_route_matches() {
+    let upstream = Reporting::new(|_| (StatusCode::OK, Vec::new()));
+    let limiter = endpoint_and_account();
+    let orders = reqwest::Client::new()
+        .get("http://upstream.test/orders")
+        .build()
+        .expect("a request");
+    let ticket = limiter
+        .reserve(&orders, &account("seller-1"))
+        .await
+        .expect("booked")
+        .expect("routes match");
+    let client = through(limiter, &upstream);
+    let refused = client
+        .get("http://upstream.test/stocks")
+        .with_extension(Account::new("seller-1"))
+        .with_extension(ticket)
+        .send()
+        .await
+        .expect_err("refused");
+    assert_eq!(ticket_error(&refused), Some(TicketError::OtherBucket));
+    assert!(upstream.sent_ms(tokio::time::Instant::now()).is_empty());
+}

@@ -53,10 +53,14 @@ for i = 1, n do
   local tokens, interval, capacity, cost, lead, most_debt =
     struct.unpack('<dddddd', ARGV[1], 17 + 48 * (i - 1))
   local t, ts, keep, halt = capacity, now, 0, 0
-  -- pcall, so that a key of another type is named by its place, as the store reports it.
+  -- pcall, so that a key of another type is named by its place, as the store reports it; any
+  -- other error (an ACL's NOPERM, say) is Redis's own, and goes back as it is.
   local stored = redis.pcall('GET', KEYS[i])
   if type(stored) == 'table' and stored.err then
-    return redis.error_reply('WRONGTYPE burstgate: the value at key ' .. i .. ' is not a bucket')
+    if string.sub(stored.err, 1, 9) == 'WRONGTYPE' then
+      return redis.error_reply('WRONGTYPE burstgate: the value at key ' .. i .. ' is not a bucket')
+    end
+    return stored
   end
   local moved = false
   if stored then

@@ -43,11 +43,14 @@ impl RedisKey<'_> {
     /// `<prefix>:v4:<bucket>:{<key>}`: the caller's key, escaped or hashed, is the key's only
     /// hash tag, as neither a prefix, a bucket name nor an escaped key holds a brace.
     fn parts(&self) -> [&str; 6] {
-        let whole = self.key.as_str();
-        let bucket = self.key.bucket();
-        // `<bucket>:<key>`, the bucket a checked name of ASCII bytes.
-        let caller = whole.get(bucket.len() + 1..).unwrap_or(whole);
-        [self.prefix, FORMAT_PART, bucket, ":{", caller, "}"]
+        [
+            self.prefix,
+            FORMAT_PART,
+            self.key.bucket(),
+            ":{",
+            self.key.caller(),
+            "}",
+        ]
     }
 }
 
