@@ -232,6 +232,10 @@ impl FromStr for Ticket {
     type Err = TicketError;
 
     fn from_str(s: &str) -> Result<Self, TicketError> {
+        // Counted before anything is parsed: a long hostile text costs one pass.
+        if s.bytes().filter(|&b| b == b';').count() >= crate::MAX_TAKES {
+            return Err(TicketError::Malformed);
+        }
         let mut turns = s.split(';');
         let first = turns.next().ok_or(TicketError::Malformed)?;
         let rest = first.strip_prefix(TAG).and_then(|r| r.strip_prefix(':'));
@@ -253,9 +257,6 @@ impl FromStr for Ticket {
                 Ok((key, r))
             })
             .collect::<Result<Vec<_>, TicketError>>()?;
-        if more.len() >= crate::MAX_TAKES {
-            return Err(TicketError::Malformed);
-        }
         Ok(Self {
             key,
             reservation,
@@ -407,6 +408,12 @@ mod tests {
             good.replace(":orders:k", ":orders"),
             good.replace(":orders:k", ":bad name:k"),
             good.replace(":orders:k", ":orders:%41"),
+            // Another bucket's turn that is not one: a cost of zero, no key, a bad source.
+            format!("{good};5:0:s:account:k"),
+            format!("{good};5:1:s"),
+            format!("{good};5:1:x:account:k"),
+            // More turns than one call takes.
+            format!("{good}{}", ";5:1:s:account:k".repeat(crate::MAX_TAKES)),
         ] {
             assert_eq!(
                 bad.parse::<Ticket>(),

@@ -256,7 +256,9 @@ impl<C: Clock> MemoryStore<C> {
                 })
                 .count();
             if absent > 0 && shard.held() + absent > cap {
-                if now < shard.no_room_until {
+                // More new keys than the shard holds at all, or a shard found full of debt a
+                // moment ago: refused without forgetting anything.
+                if absent > cap || now < shard.no_room_until {
                     return Err(Full);
                 }
                 // No view is refreshed here: making a thread's first view locks every shard,
