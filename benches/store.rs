@@ -185,14 +185,12 @@ fn memory(c: &mut Criterion) {
     group.finish();
 }
 
+/// A `RedisStore` under a prefix of its own, over one connection to the bench's Redis, opened
+/// on `runtime`.
 #[cfg(feature = "redis")]
-fn redis(c: &mut Criterion) {
-    use burstgate::RedisStore;
-
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("a tokio runtime");
+fn redis_store(
+    runtime: &tokio::runtime::Runtime,
+) -> burstgate::RedisStore<redis::aio::MultiplexedConnection> {
     let url = redis_server::url();
     let conn = runtime.block_on(async {
         redis::Client::open(url.as_str())
@@ -201,9 +199,18 @@ fn redis(c: &mut Criterion) {
             .await
             .expect("a connection to the bench's Redis")
     });
-    let store = RedisStore::new(conn)
+    burstgate::RedisStore::new(conn)
         .prefix(&redis_server::unique_prefix())
-        .expect("a valid prefix");
+        .expect("a valid prefix")
+}
+
+#[cfg(feature = "redis")]
+fn redis(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    let store = redis_store(&runtime);
     let keys = keys(MANY_KEYS);
 
     let mut group = c.benchmark_group("redis");
@@ -282,23 +289,11 @@ fn several(c: &mut Criterion) {
     }
     #[cfg(feature = "redis")]
     {
-        use burstgate::RedisStore;
-
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .expect("a tokio runtime");
-        let url = redis_server::url();
-        let conn = runtime.block_on(async {
-            redis::Client::open(url.as_str())
-                .expect("a valid Redis URL")
-                .get_multiplexed_async_connection()
-                .await
-                .expect("a connection to the bench's Redis")
-        });
-        let store = RedisStore::new(conn)
-            .prefix(&redis_server::unique_prefix())
-            .expect("a valid prefix");
+        let store = redis_store(&runtime);
         for (label, together) in [("acquire_all", true), ("in_turn", false)] {
             group.bench_function(format!("redis/{label}"), |b| {
                 b.iter_custom(|iters| {

@@ -109,6 +109,17 @@ where
         }
     }
 
+    /// What [`OutagePolicy::FailOpen`] answers: admitted now, nothing known to remain.
+    fn open_outcome(&self) -> Outcome {
+        Outcome {
+            allowed: true,
+            wait: 0,
+            remaining: 0,
+            reset: 0,
+            at: self.clock.now_ms().min(bucket::MAX_TIME),
+        }
+    }
+
     /// The answer under the policy when Redis could not give one.
     pub(super) async fn acquire_in_outage(
         &self,
@@ -129,15 +140,13 @@ where
                         "redis failed: admitting (fail open)"
                     );
                 }
-                let outcome = Outcome {
-                    allowed: true,
-                    wait: 0,
-                    remaining: 0,
-                    reset: 0,
-                    at: self.clock.now_ms().min(bucket::MAX_TIME),
-                };
                 // No bucket gave these tokens, so a refund of them gives nothing back.
-                Ok(Decision::from(outcome, limit, cost, Source::Nothing))
+                Ok(Decision::from(
+                    self.open_outcome(),
+                    limit,
+                    cost,
+                    Source::Nothing,
+                ))
             }
             OutagePolicy::Local { .. } => match self.local_limit(limit) {
                 Some(local) if cost <= local.burst() => {
@@ -206,13 +215,7 @@ where
                         "redis failed: admitting (fail open)"
                     );
                 }
-                let outcome = Outcome {
-                    allowed: true,
-                    wait: 0,
-                    remaining: 0,
-                    reset: 0,
-                    at: self.clock.now_ms().min(bucket::MAX_TIME),
-                };
+                let outcome = self.open_outcome();
                 Ok(takes
                     .iter()
                     .map(|t| Decision::from(outcome, t.limit(), t.cost(), Source::Nothing))
