@@ -456,7 +456,20 @@ fn info<St>(config: &Config<St>, plan: &[Planned], applied: &[Taken]) -> Option<
 
 /// `RateLimit-Policy` for the rules numbered in `applied`, each with the limit it applied: the
 /// prebuilt items while every limit is its rule's own, built afresh for a dynamic one.
+#[inline]
 fn policy<St>(
+    config: &Config<St>,
+    applied: impl Iterator<Item = (usize, Limit)> + Clone,
+) -> Option<http::HeaderValue> {
+    // Every rule applied, none with a dynamic limit, the usual case: the value prebuilt for them
+    // all, taken here rather than through the general case's two calls.
+    if !config.any_dynamic && applied.clone().count() == config.rules.len() {
+        return config.policy_all.clone();
+    }
+    policy_of(config, applied)
+}
+
+fn policy_of<St>(
     config: &Config<St>,
     applied: impl Iterator<Item = (usize, Limit)> + Clone,
 ) -> Option<http::HeaderValue> {
