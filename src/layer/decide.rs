@@ -420,7 +420,9 @@ fn admit<St: BucketStore + Clone>(
 }
 
 /// Why rule `p` refused (or its store failed), after the rules in `applied` took their tokens
-/// and gave them back; the refusal reported.
+/// and gave them back; the refusal reported. Inline in the rule loop, its one caller, as the
+/// compiler left it before `observe` was inlined into it: a call would copy the outcome.
+#[inline]
 fn refuse<St>(
     config: &Config<St>,
     plan: &[Planned],
@@ -484,10 +486,21 @@ fn policy_of<St>(
 }
 
 /// Counts, reports and (at most once per rule and period) logs one rule's decision.
+#[inline]
 fn observe<St>(config: &Config<St>, p: &Planned, outcome: Outcome, d: &Decision) {
     let r = &config.rules[p.rule];
-    let key = &p.key;
     r.observer.count(r.bucket(), outcome);
+    // An admission with no hook to tell, the usual case, has nothing more to do, and no call.
+    if config.on_decision.is_some() || outcome != Outcome::Admitted {
+        report(config, p, outcome, d);
+    }
+}
+
+/// Reports one rule's decision to the hook and, unless it admitted the request, logs it (at most
+/// once per rule and period).
+fn report<St>(config: &Config<St>, p: &Planned, outcome: Outcome, d: &Decision) {
+    let r = &config.rules[p.rule];
+    let key = &p.key;
     if let Some(hook) = &config.on_decision {
         hook(&DecisionEvent {
             rule: r.bucket(),
