@@ -420,7 +420,9 @@ fn admit<St: BucketStore + Clone>(
 }
 
 /// Why rule `p` refused (or its store failed), after the rules in `applied` took their tokens
-/// and gave them back; the refusal reported.
+/// and gave them back; the refusal reported. Inline in the rule loop, its one caller, as the
+/// compiler left it before `observe` was inlined into it: a call would copy the outcome.
+#[inline]
 fn refuse<St>(
     config: &Config<St>,
     plan: &[Planned],
@@ -456,7 +458,20 @@ fn info<St>(config: &Config<St>, plan: &[Planned], applied: &[Taken]) -> Option<
 
 /// `RateLimit-Policy` for the rules numbered in `applied`, each with the limit it applied: the
 /// prebuilt items while every limit is its rule's own, built afresh for a dynamic one.
+#[inline]
 fn policy<St>(
+    config: &Config<St>,
+    applied: impl Iterator<Item = (usize, Limit)> + Clone,
+) -> Option<http::HeaderValue> {
+    // Every rule applied, none with a dynamic limit, the usual case: the value prebuilt for them
+    // all, taken here rather than through the general case's two calls.
+    if !config.any_dynamic && applied.clone().count() == config.rules.len() {
+        return config.policy_all.clone();
+    }
+    policy_of(config, applied)
+}
+
+fn policy_of<St>(
     config: &Config<St>,
     applied: impl Iterator<Item = (usize, Limit)> + Clone,
 ) -> Option<http::HeaderValue> {
@@ -471,10 +486,21 @@ fn policy<St>(
 }
 
 /// Counts, reports and (at most once per rule and period) logs one rule's decision.
+#[inline]
 fn observe<St>(config: &Config<St>, p: &Planned, outcome: Outcome, d: &Decision) {
     let r = &config.rules[p.rule];
-    let key = &p.key;
     r.observer.count(r.bucket(), outcome);
+    // An admission with no hook to tell, the usual case, has nothing more to do, and no call.
+    if config.on_decision.is_some() || outcome != Outcome::Admitted {
+        report(config, p, outcome, d);
+    }
+}
+
+/// Reports one rule's decision to the hook and, unless it admitted the request, logs it (at most
+/// once per rule and period).
+fn report<St>(config: &Config<St>, p: &Planned, outcome: Outcome, d: &Decision) {
+    let r = &config.rules[p.rule];
+    let key = &p.key;
     if let Some(hook) = &config.on_decision {
         hook(&DecisionEvent {
             rule: r.bucket(),

@@ -147,19 +147,31 @@ where
                             return Poll::Ready(Ok(res.map(ResponseBody::answer)));
                         }
                     };
-                    let (Some(mut inner), Some(mut req)) = (inner.take(), req.take()) else {
-                        panic!("{POLLED_AFTER_DONE}");
-                    };
+                    // The info goes into the request where it lies, and the request is taken
+                    // out in the branch that uses it: a request is a few hundred bytes, and every
+                    // move of it (out of the state, through a tuple, into the call) is a copy.
                     if let Some(info) = info {
+                        let Some(req) = req.as_mut() else {
+                            panic!("{POLLED_AFTER_DONE}");
+                        };
                         req.extensions_mut().insert(info);
                     }
+                    let Some(mut inner) = inner.take() else {
+                        panic!("{POLLED_AFTER_DONE}");
+                    };
                     if wait.is_zero() {
                         if let Some(guard) = guard {
                             guard.disarm();
                         }
+                        let Some(req) = req.take() else {
+                            panic!("{POLLED_AFTER_DONE}");
+                        };
                         let fut = inner.call(req);
                         this.state.set(State::Calling { fut, ratelimit });
                     } else {
+                        let Some(req) = req.take() else {
+                            panic!("{POLLED_AFTER_DONE}");
+                        };
                         let parked = Box::pin(Parked {
                             sleep: tokio::time::sleep(wait),
                             guard,

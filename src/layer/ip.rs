@@ -73,6 +73,30 @@ pub(crate) fn peer_ip(parts: &Parts) -> Option<IpAddr> {
     parts.extensions.get::<IpAddr>().copied()
 }
 
+/// Each octet's decimal digits followed by a dot, padded to four bytes, and how many of those
+/// bytes are the text: 7 is `"7."`, 2 long; 255 is `"255."`, 4 long.
+static OCTETS: [([u8; 4], u8); 256] = {
+    let mut table = [([0; 4], 0); 256];
+    let mut n = 0;
+    while n < 256 {
+        let octet = n as u8;
+        let [h, t, o] = [
+            b'0' + octet / 100,
+            b'0' + octet / 10 % 10,
+            b'0' + octet % 10,
+        ];
+        table[n] = if octet >= 100 {
+            ([h, t, o, b'.'], 4)
+        } else if octet >= 10 {
+            ([t, o, b'.', 0], 3)
+        } else {
+            ([o, b'.', 0, 0], 2)
+        };
+        n += 1;
+    }
+    table
+};
+
 /// A client's key text, on the stack: `to_string` would allocate a `String` per request only
 /// for the key to copy it.
 ///
@@ -112,20 +136,19 @@ impl IpText {
         text
     }
 
-    /// The common case, by hand: four decimal octets joined by dots, as `Display` has it.
+    /// The common case, by hand: four decimal octets joined by dots, as `Display` has it. Each
+    /// octet's text comes whole from [`OCTETS`], so an address costs four copies rather than a
+    /// division and a bounds check per digit. Called on an empty text only.
     fn write_v4(&mut self, v4: Ipv4Addr) {
-        for (i, octet) in v4.octets().into_iter().enumerate() {
-            if i > 0 {
-                self.push(b'.');
-            }
-            if octet >= 100 {
-                self.push(b'0' + octet / 100);
-            }
-            if octet >= 10 {
-                self.push(b'0' + octet / 10 % 10);
-            }
-            self.push(b'0' + octet % 10);
+        let mut end = 0;
+        for octet in v4.octets() {
+            let (text, len) = OCTETS[usize::from(octet)];
+            // Four octets of at most four bytes each, dot included: within the buffer.
+            self.buf[end..end + 4].copy_from_slice(&text);
+            end += usize::from(len);
         }
+        // The last octet's dot stays in the buffer, past the text.
+        self.len = end - 1;
     }
 
     /// The longest form, with an embedded IPv4 address, is 45 bytes, and a network with its

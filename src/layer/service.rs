@@ -64,15 +64,14 @@ where
                 }
             }
         }
-        let req = Request::from_parts(parts, body);
         // The clone stays here; the service that was made ready goes with this request.
         let clone = self.inner.clone();
         let inner = mem::replace(&mut self.inner, clone);
         if plan.is_empty() {
-            return ResponseFuture::call(inner, req, None);
+            return ResponseFuture::call(inner, Request::from_parts(parts, body), None);
         }
         let decision = Box::pin(decide(Arc::clone(&self.config), plan));
-        ResponseFuture::decide(decision, inner, req)
+        ResponseFuture::decide(decision, inner, Request::from_parts(parts, body))
     }
 }
 
