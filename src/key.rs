@@ -270,6 +270,7 @@ impl BucketKey {
     }
 
     /// The escaped or hashed caller's key, without the bucket: what a Redis key's hash tag holds.
+    #[cfg_attr(not(any(feature = "redis", feature = "tower")), allow(dead_code))]
     pub(crate) fn caller(&self) -> &str {
         self.id.get(self.bucket_len + 1..).unwrap_or_default()
     }
