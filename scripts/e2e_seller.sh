@@ -32,7 +32,7 @@
 #
 # The client side following a server whose tokens someone else spends (about 25 s):
 #
-#     FOREIGN=0.3 INTERVAL_MS=50 BURST=9 SERVER_BURST=10 MARGIN_MS=0 RUN_SECONDS=8 \
+#     FOREIGN=0.3 INTERVAL_MS=50 BURST=9 SERVER_BURST=10 MARGIN_MS=5 RUN_SECONDS=8 \
 #         MAX_429=2 MIN_BUDGET=80 scripts/e2e_seller.sh
 set -euo pipefail
 
