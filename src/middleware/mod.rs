@@ -32,7 +32,7 @@ use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
 
 use self::several::Draw;
-use crate::cancel::{RefundGuard, acquire_detached};
+use crate::cancel::acquire_detached;
 use crate::clock::{Clock, SystemClock};
 use crate::{
     BucketKey, BucketStore, Decision, KeySecret, Limit, RateLimited, Reservation, StoreError,
@@ -301,14 +301,7 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
         }
         let draws = self.draws(&routes, req, extensions);
         let max_wait = self.ceiling(&draws);
-        let decisions = match draws.as_slice() {
-            [one] => vec![
-                self.take(&one.key, one.limit, one.cost, max_wait)
-                    .await
-                    .map_err(reqwest_middleware::Error::middleware)?,
-            ],
-            several => self.take_all(several, max_wait).await?,
-        };
+        let decisions = self.take_all(&draws, max_wait).await?;
         if !decisions.iter().all(Decision::is_admitted) {
             let limited = Self::refusal(&draws, &decisions);
             return Err(reqwest_middleware::Error::middleware(limited));
@@ -521,102 +514,10 @@ where
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
         let routes = self.routes_for(&req);
-        let Some(&first) = routes.first() else {
+        if routes.is_empty() {
             return next.run(req, extensions).await;
-        };
-        if routes.len() > 1 {
-            return self.handle_several(&routes, req, extensions, next).await;
         }
-        let route = first;
-        if let Some(ticket) = extensions.get::<Ticket>().cloned() {
-            let draws = self.draws(&routes, &req, extensions);
-            return self
-                .send_booked(&draws, ticket, req, extensions, next)
-                .await;
-        }
-        let (limit, bucket) = (route.limit, route.bucket.clone());
-        let key = self.key(route, &req, extensions);
-        let cost = extensions.get::<Cost>().map_or(route.cost, Cost::tokens);
-        let max_wait = self
-            .config
-            .max_wait
-            .unwrap_or_else(|| limit.default_max_wait(cost));
-        let started = tokio::time::Instant::now();
-        let mut ceiling = max_wait;
-        // The whole tokens the bucket held once this request took its own (see `Sent`), and
-        // whether it went at a reserved slot.
-        let mut expected = 0;
-        let mut queued = false;
-        // What the request took, for settling what the call cost.
-        let mut taken;
-        loop {
-            let decision = self
-                .take(&key, limit, cost, ceiling)
-                .await
-                .map_err(reqwest_middleware::Error::middleware)?;
-            if !decision.is_admitted() {
-                let retry = decision.retry_after().unwrap_or(Duration::ZERO);
-                tracing::debug!(
-                    bucket = bucket.as_str(),
-                    key = %key.fingerprint(),
-                    retry_ms = retry.as_millis() as u64,
-                    "local 429: the wait would pass the ceiling"
-                );
-                let limited = RateLimited::new(retry, limit, bucket.as_str(), decision.remaining());
-                return Err(reqwest_middleware::Error::middleware(limited));
-            }
-            taken = decision.reservation();
-            // Admitted now: any drain is already in the bucket it was admitted from.
-            let Some(reservation) = decision
-                .reservation()
-                .filter(|_| !decision.wait().is_zero())
-            else {
-                expected = decision.remaining();
-                break;
-            };
-            queued = true;
-            let mut guard = RefundGuard::new(self.store.clone());
-            guard.push(key.clone(), limit, reservation);
-            tracing::debug!(
-                bucket = bucket.as_str(),
-                key = %key.fingerprint(),
-                wait_ms = decision.wait().as_millis() as u64,
-                "waiting for a reserved token"
-            );
-            tokio::time::sleep(decision.wait()).await;
-            guard.disarm();
-            if !self.halted(&key, limit, &reservation).await {
-                break;
-            }
-            // Queued again behind the back-off, within what is left of the ceiling; the first
-            // reservation's tokens stay spent.
-            ceiling = max_wait.saturating_sub(started.elapsed());
-            tracing::debug!(
-                bucket = bucket.as_str(),
-                key = %key.fingerprint(),
-                ceiling_ms = ceiling.as_millis() as u64,
-                "an upstream back-off passed the reserved slot: queuing again"
-            );
-        }
-        let sent_at = tokio::time::Instant::now();
-        let res = next.run(req, extensions).await?;
-        let rtt = sent_at.elapsed();
-        // What the call cost first, then what the upstream has left, which counts it already.
-        let settle = taken.and_then(|taken| self.settlement(&key, limit, &res, taken));
-        let sent = follow::Sent {
-            expected,
-            queued,
-            cost,
-            settled: settle.is_some(),
-            rtt,
-        };
-        if let Some(settle) = settle {
-            settle.apply(&self.store, &key, limit).await;
-        }
-        if let Some(feedback) = self.feedback(&key, limit, &res, &sent, true) {
-            feedback.apply(&self.store, &key, limit).await;
-        }
-        Ok(res)
+        self.send_drawing(&routes, req, extensions, next).await
     }
 }
 

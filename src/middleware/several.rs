@@ -1,5 +1,6 @@
-//! A request that several routes match: every one applies, and their buckets are taken at once,
-//! all or none ([`BucketStore::acquire_all`]), the request going at the latest of their times.
+//! Sending a request through the routes that match it: every one applies, and their buckets are
+//! taken at once, all or none ([`BucketStore::acquire_all`]), the request going at the latest of
+//! their times; one route's bucket is one plain decision.
 
 use std::time::Duration;
 
@@ -62,12 +63,20 @@ where
     }
 
     /// Takes the tokens of every bucket at once, on a task of its own (the cancellation rule,
-    /// `crate::cancel`): one decision per bucket, in order, all admitted or none.
+    /// `crate::cancel`): one decision per bucket, in order, all admitted or none. One bucket is
+    /// one plain `acquire`.
     pub(super) async fn take_all(
         &self,
         draws: &[Draw<'_>],
         max_wait: Duration,
     ) -> reqwest_middleware::Result<Vec<Decision>> {
+        if let [one] = draws {
+            let decision = self
+                .take(&one.key, one.limit, one.cost, max_wait)
+                .await
+                .map_err(reqwest_middleware::Error::middleware)?;
+            return Ok(vec![decision]);
+        }
         let buckets = draws
             .iter()
             .map(|d| (d.key.clone(), d.limit, d.cost))
@@ -114,12 +123,12 @@ where
         false
     }
 
-    /// Sends a request that several routes match, as [`handle`](reqwest_middleware::Middleware::handle)
-    /// sends one that a single route matches: waits its turn on every bucket at once, queues
-    /// again when an upstream back-off passed its slot on any, and after the answer settles its
-    /// cost on each, backs every bucket off on a 429 (or a 503 with a time), and lowers the
-    /// first route's bucket to what the upstream reports left.
-    pub(super) async fn handle_several(
+    /// Sends a request that `routes` (at least one) match: waits its turn on every bucket at
+    /// once, queues again when an upstream back-off passed its slot on any, and after the answer
+    /// settles its cost on each, backs every bucket off on a 429 (or a 503 with a time), and
+    /// lowers the first route's bucket to what the upstream reports left. A request holding a
+    /// [`Ticket`](super::Ticket) goes on its booked turn instead.
+    pub(super) async fn send_drawing(
         &self,
         routes: &[&Route],
         req: Request,
