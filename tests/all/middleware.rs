@@ -267,6 +267,45 @@ async fn a_request_dropped_while_the_store_answers_leaves_nothing_behind() {
     assert_eq!(upstream.count("/orders"), 1, "only the first was sent");
 }
 
+/// The same with two routes: the store takes both buckets at once and answers late; the caller
+/// has gone, and the turn it booked on the endpoint, the last in its queue, goes back.
+#[tokio::test(start_paused = true)]
+async fn a_request_on_two_routes_dropped_while_the_store_answers_gives_its_turn_back() {
+    let upstream = Upstream::answering(StatusCode::OK);
+    let orders = limit(1, 10_000, 1);
+    let account = limit(1, 10_000, 5);
+    let clock = TokioClock::new();
+    let memory = MemoryStore::with_clock(clock);
+    let store = SlowReplies {
+        inner: memory.clone(),
+        delay: Duration::from_millis(200),
+    };
+    let client = upstream.client(
+        RateLimitMiddleware::new(store)
+            .with_clock(clock)
+            .route(route("orders", orders, "/orders"))
+            .route(route("account", account, "/**")),
+    );
+    let url = format!("{BASE}/orders");
+    assert_eq!(
+        get(&client, &url, Some("a")).await.ok(),
+        Some(StatusCode::OK)
+    );
+    let abandoned =
+        tokio::time::timeout(Duration::from_millis(50), get(&client, &url, Some("a"))).await;
+    assert!(abandoned.is_err(), "{abandoned:?}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let quota = memory
+        .peek(&key("orders", "a"), orders)
+        .await
+        .expect("peeks");
+    assert!(
+        quota.next_token_in() <= Duration::from_secs(10),
+        "the abandoned reservation is still owed: {quota:?}"
+    );
+    assert_eq!(upstream.count("/orders"), 1, "only the first was sent");
+}
+
 #[tokio::test]
 async fn accounts_in_the_extension_have_separate_buckets() {
     let server = MockServer::start().await;
