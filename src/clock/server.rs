@@ -1,8 +1,8 @@
 //! One time for every host: the local clock, corrected by its measured offset from Redis's.
 
 use std::fmt;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionLike;
@@ -11,19 +11,41 @@ use super::{Clock, SystemClock};
 use crate::StoreError;
 use crate::error::BackendError;
 
-/// How many `TIME` round trips one measurement takes; the fastest gives the offset, since its
-/// midpoint is the closest to the moment Redis read its clock.
+/// How many round trips one measurement takes; the fastest gives the offset, since its midpoint
+/// is the closest to the moment Redis read its clock.
 const SAMPLES: usize = 5;
 
-/// The longest a single `TIME` may take before the measurement gives up on it.
+/// The longest a single sample may take before the measurement gives up on it.
 const SAMPLE_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// How often [`ServerClock::sync`] measures the offset again.
-const DEFAULT_EVERY: Duration = Duration::from_secs(10);
+/// How often a clock measures the offset again, by default.
+pub(crate) const DEFAULT_EVERY: Duration = Duration::from_secs(10);
+
+/// How often a clock that has no measurement yet tries again: it counts local time until then.
+const UNTIL_MEASURED: Duration = Duration::from_secs(1);
+
+/// The key a measurement names when none is given: a measurement is one script call naming a
+/// key, so that Redis Cluster routes every sample of every process to the primary that serves
+/// the key's slot (a `TIME` names no key, and goes to any node). The key is never read or
+/// written.
+pub(crate) const DEFAULT_KEY: &str = "burstgate:clock";
+
+/// The measurement: Redis's clock, read by a script so that the call can name a key. Sent with
+/// `EVAL`, which needs nothing loaded first, once every few seconds.
+const SOURCE: &str = "return redis.call('TIME')";
+
+/// The connection a measurement is made on, asked anew for each: a store that replaces its
+/// connection (after a failover, or a peer that stopped answering) is measured on the new one.
+pub(crate) type Connect<C> = Arc<dyn Fn() -> C + Send + Sync>;
 
 /// A clock that reads a local clock and adds its offset from the Redis server's clock, measured
-/// with `TIME` when made and again every few seconds on a background task: every process that
-/// uses one against the same Redis counts time the same way, to within half a round trip.
+/// when made and again every few seconds on a background task: every process that uses one
+/// against the same Redis counts time the same way, to within half a round trip.
+///
+/// [`RedisStore::connect`](crate::RedisStore::connect) and [`RedisStore::new`](crate::RedisStore::new)
+/// give their store one by default, on the store's own connection; make one yourself only to
+/// correct a clock other than the system clock ([`sync_with`](Self::sync_with)), or to share one
+/// time with something other than a store.
 ///
 /// Why: a contended bucket goes to whoever asks first once a token is due, and a host whose
 /// clock runs ahead sees every token due before the others do. Measuring waits from the stored
@@ -33,14 +55,20 @@ const DEFAULT_EVERY: Duration = Duration::from_secs(10);
 /// application, as an argument, so decisions stay exact in tests and safe to replicate; only the
 /// clock that produces `now` is corrected.
 ///
-/// - Against Redis Cluster, `TIME` goes to one node: the shared time is that node's.
+/// - A measurement is five round trips of one script call, `return redis.call('TIME')`, naming
+///   one key that is never read or written (`burstgate:clock`, or the store's `<prefix>:clock`):
+///   against Redis Cluster every sample of every process goes to the primary that serves that
+///   key's slot, and after a failover or a resharding, to its new primary. A Redis ACL user needs
+///   `+eval` and that key (a `~<prefix>:*` pattern covers it).
 /// - A measurement that fails (Redis down, a timeout) keeps the last offset and is tried again
-///   at the next period; the failure is logged once per streak, at `warn`.
+///   at the next period; the failure is logged once per streak, at `warn`. A clock that has never
+///   measured counts local time, and tries again every second until a measurement succeeds.
 /// - After a failover the new primary's clock may differ: the next measurement moves every
 ///   host to it, and a step back is handled as any clock behind the stored time is (it refills
 ///   nothing until it catches up).
 /// - The background task stops when the last clone of the clock is dropped. It needs a tokio
-///   runtime, as the store does.
+///   runtime, as the store does; a clock made outside one starts measuring when it is first read
+///   inside one.
 ///
 /// ```no_run
 /// use burstgate::{RedisStore, ServerClock};
@@ -48,8 +76,10 @@ const DEFAULT_EVERY: Duration = Duration::from_secs(10);
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// let client = redis::Client::open("redis://127.0.0.1/")?;
 /// let conn = client.get_connection_manager().await?;
+/// // What `RedisStore::new(conn)` does by default, here with a clock one can read elsewhere.
 /// let clock = ServerClock::sync(conn.clone()).await?;
-/// let store = RedisStore::new(conn).with_clock(clock);
+/// let store = RedisStore::new(conn).with_clock(clock.clone());
+/// println!("Redis is {} µs ahead of this host", clock.offset_us());
 /// # let _ = store;
 /// # Ok(())
 /// # }
@@ -59,24 +89,64 @@ pub struct ServerClock<K = SystemClock> {
     shared: Arc<Shared>,
 }
 
+/// Starts the measuring task on a runtime, given the clock's shared state to update.
+type Spawn =
+    Box<dyn FnOnce(&tokio::runtime::Handle, Weak<Shared>) -> tokio::task::AbortHandle + Send>;
+
+enum Task {
+    /// Made outside a runtime: started by the first read inside one.
+    Waiting(Spawn),
+    Running(tokio::task::AbortHandle),
+    /// Taken out to be started.
+    Starting,
+}
+
 struct Shared {
     /// Microseconds to add to the local clock.
     offset_us: AtomicI64,
     /// The round trip of the measurement the offset came from, in microseconds: the offset's
     /// error is at most half of it.
     rtt_us: AtomicI64,
-    task: tokio::task::AbortHandle,
+    /// Whether a measurement has succeeded: until then the offset is zero.
+    measured: AtomicBool,
+    /// Whether the task runs: read on every clock read, so that a clock made outside a runtime
+    /// starts measuring once read inside one.
+    running: AtomicBool,
+    /// The key the measurement's script call names, which picks the node on a cluster.
+    key: RwLock<Arc<str>>,
+    task: Mutex<Task>,
+}
+
+impl Shared {
+    fn start(self: &Arc<Self>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let mut task = self.task.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Task::Waiting(_) = &*task
+            && let Task::Waiting(spawn) = std::mem::replace(&mut *task, Task::Starting)
+        {
+            *task = Task::Running(spawn(&runtime, Arc::downgrade(self)));
+            self.running.store(true, Ordering::Release);
+        }
+    }
+
+    fn key(&self) -> Arc<str> {
+        Arc::clone(&self.key.read().unwrap_or_else(PoisonError::into_inner))
+    }
 }
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        self.task.abort();
+        if let Task::Running(task) = &*self.task.lock().unwrap_or_else(PoisonError::into_inner) {
+            task.abort();
+        }
     }
 }
 
 impl ServerClock<SystemClock> {
     /// The system clock, corrected by its offset from the Redis behind `conn`, measured now and
-    /// every 10 seconds.
+    /// every 10 seconds. Fails as the first measurement fails.
     pub async fn sync<C>(conn: C) -> Result<Self, StoreError>
     where
         C: ConnectionLike + Clone + Send + Sync + 'static,
@@ -92,49 +162,54 @@ impl<K: Clock + Clone> ServerClock<K> {
     where
         C: ConnectionLike + Clone + Send + Sync + 'static,
     {
+        let mut first = conn.clone();
+        let measured = measure(&mut first, DEFAULT_KEY, &base).await?;
+        Ok(Self::start(
+            Arc::new(move || conn.clone()),
+            DEFAULT_KEY,
+            base,
+            every,
+            Some(measured),
+        ))
+    }
+
+    /// A clock measured on whatever `connect` returns at each measurement, naming `key`, every
+    /// `every` (at least a second), from `first` when a measurement was made already, else from
+    /// local time until the first succeeds (tried at once, then every second).
+    pub(crate) fn start<C>(
+        connect: Connect<C>,
+        key: &str,
+        base: K,
+        every: Duration,
+        first: Option<(i64, i64)>,
+    ) -> Self
+    where
+        C: ConnectionLike + Send + 'static,
+    {
         let every = every.max(Duration::from_secs(1));
-        let mut conn = conn;
-        let (offset_us, rtt_us) = measure(&mut conn, &base).await?;
-        let (tx, rx) = tokio::sync::oneshot::channel::<std::sync::Weak<Shared>>();
         let task_base = base.clone();
-        let task = tokio::spawn(async move {
-            let Ok(shared) = rx.await else { return };
-            let mut failing = false;
-            loop {
-                tokio::time::sleep(every).await;
-                let measured = measure(&mut conn, &task_base).await;
-                let Some(shared) = shared.upgrade() else {
-                    return;
-                };
-                match measured {
-                    Ok((offset_us, rtt_us)) => {
-                        shared.offset_us.store(offset_us, Ordering::Relaxed);
-                        shared.rtt_us.store(rtt_us, Ordering::Relaxed);
-                        failing = false;
-                    }
-                    Err(e) if !failing => {
-                        failing = true;
-                        tracing::warn!(
-                            error = %e,
-                            "could not measure the clock's offset from Redis; keeping the last one"
-                        );
-                    }
-                    Err(_) => {}
-                }
-            }
+        let spawn: Spawn = Box::new(move |runtime, weak| {
+            runtime
+                .spawn(measure_forever(connect, task_base, every, weak))
+                .abort_handle()
         });
+        let (offset_us, rtt_us) = first.unwrap_or((0, 0));
         let shared = Arc::new(Shared {
             offset_us: AtomicI64::new(offset_us),
             rtt_us: AtomicI64::new(rtt_us),
-            task: task.abort_handle(),
+            measured: AtomicBool::new(first.is_some()),
+            running: AtomicBool::new(false),
+            key: RwLock::new(Arc::from(key)),
+            task: Mutex::new(Task::Waiting(spawn)),
         });
-        // The task only holds a weak reference, so that dropping the clock ends it.
-        let _ = tx.send(Arc::downgrade(&shared));
-        Ok(Self { base, shared })
+        shared.start();
+        Self { base, shared }
     }
+}
 
+impl<K> ServerClock<K> {
     /// The offset last measured, in microseconds: how far Redis's clock is ahead of the local
-    /// one (negative when behind).
+    /// one (negative when behind). Zero until a measurement has succeeded.
     pub fn offset_us(&self) -> i64 {
         self.shared.offset_us.load(Ordering::Relaxed)
     }
@@ -145,22 +220,110 @@ impl<K: Clock + Clone> ServerClock<K> {
         let us = self.shared.rtt_us.load(Ordering::Relaxed);
         Duration::from_micros(u64::try_from(us).unwrap_or(0))
     }
+
+    /// Whether a measurement has succeeded: until one has, the clock reads local time.
+    pub fn is_measured(&self) -> bool {
+        self.shared.measured.load(Ordering::Acquire)
+    }
+
+    /// Names `key` in the measurements from now on (the store's `<prefix>:clock`).
+    pub(crate) fn route_by(&self, key: &str) {
+        *self
+            .shared
+            .key
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = Arc::from(key);
+    }
+}
+
+/// Measures on `connect()`'s connection every `every` (every second until one succeeds), for as
+/// long as the clock's shared state lives. Holds it only between measurements' awaits, so that
+/// dropping the last clock ends the task.
+async fn measure_forever<C, K>(connect: Connect<C>, base: K, every: Duration, weak: Weak<Shared>)
+where
+    C: ConnectionLike + Send + 'static,
+    K: Clock,
+{
+    let mut failing = false;
+    let mut first = true;
+    loop {
+        let (key, wait) = {
+            let Some(shared) = weak.upgrade() else { return };
+            let measured = shared.measured.load(Ordering::Acquire);
+            let wait = match (measured, first) {
+                (true, _) => every,
+                (false, true) => Duration::ZERO,
+                (false, false) => UNTIL_MEASURED,
+            };
+            (shared.key(), wait)
+        };
+        first = false;
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
+        let mut conn = connect();
+        let measured = measure(&mut conn, &key, &base).await;
+        let Some(shared) = weak.upgrade() else { return };
+        match measured {
+            Ok((offset_us, rtt_us)) => {
+                shared.offset_us.store(offset_us, Ordering::Relaxed);
+                shared.rtt_us.store(rtt_us, Ordering::Relaxed);
+                shared.measured.store(true, Ordering::Release);
+                failing = false;
+            }
+            Err(e) if !failing => {
+                failing = true;
+                if shared.measured.load(Ordering::Acquire) {
+                    tracing::warn!(
+                        error = %e,
+                        "could not measure the clock's offset from Redis; keeping the last one"
+                    );
+                } else {
+                    tracing::warn!(
+                        error = %e,
+                        "could not measure the clock's offset from Redis; counting local time \
+                         until a measurement succeeds"
+                    );
+                }
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+/// A first measurement for a store that opens its own connection: given up after `within`
+/// (logged at `warn`), when the store starts on local time and measures in the background.
+pub(crate) async fn first_measurement<C: ConnectionLike>(
+    conn: &mut C,
+    key: &str,
+    within: Duration,
+) -> Option<(i64, i64)> {
+    let failed = match tokio::time::timeout(within, measure(conn, key, &SystemClock)).await {
+        Ok(Ok(measured)) => return Some(measured),
+        Ok(Err(e)) => e,
+        Err(_) => StoreError::Timeout { after: within },
+    };
+    tracing::warn!(
+        error = %failed,
+        "could not measure the clock's offset from Redis; counting local time until a \
+         measurement succeeds"
+    );
+    None
 }
 
 /// Measures the offset (server minus local, in microseconds) and the round trip it came with.
 async fn measure<C: ConnectionLike, K: Clock>(
     conn: &mut C,
+    key: &str,
     base: &K,
 ) -> Result<(i64, i64), StoreError> {
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(SOURCE).arg(1).arg(key);
     let mut best: Option<(i64, i64)> = None;
     for _ in 0..SAMPLES {
         let sent = Instant::now();
         let local = base.now_us();
-        let reply = tokio::time::timeout(
-            SAMPLE_TIMEOUT,
-            redis::cmd("TIME").query_async::<(u64, u64)>(conn),
-        )
-        .await;
+        let reply = tokio::time::timeout(SAMPLE_TIMEOUT, cmd.query_async::<(u64, u64)>(conn)).await;
         let rtt = sent.elapsed();
         let (secs, micros) = match reply {
             Ok(Ok(time)) => time,
@@ -195,6 +358,9 @@ impl<K: Clock> Clock for ServerClock<K> {
     }
 
     fn now_us(&self) -> u64 {
+        if !self.shared.running.load(Ordering::Relaxed) {
+            self.shared.start();
+        }
         let offset = self.shared.offset_us.load(Ordering::Relaxed);
         self.base.now_us().saturating_add_signed(offset)
     }
@@ -215,6 +381,7 @@ impl<K: fmt::Debug> fmt::Debug for ServerClock<K> {
             .field("base", &self.base)
             .field("offset_us", &self.shared.offset_us.load(Ordering::Relaxed))
             .field("round_trip_us", &self.shared.rtt_us.load(Ordering::Relaxed))
+            .field("measured", &self.shared.measured.load(Ordering::Relaxed))
             .finish()
     }
 }

@@ -20,7 +20,8 @@ use hashbrown::HashSet;
 use redis::RedisError;
 use redis::aio::ConnectionLike;
 
-use crate::clock::{Clock, SystemClock, deadline_ms, whole_ms};
+use crate::clock::server;
+use crate::clock::{Clock, ServerClock, deadline_ms, whole_ms};
 use crate::store::{
     BackendError, BucketState, BucketStore, Decision, MemoryStore, Reservation, Source, StoreError,
     Take, check_cost, check_takes, check_tokens,
@@ -172,12 +173,15 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
 /// # Ok(())
 /// # }
 /// ```
-pub struct RedisStore<C, K = SystemClock> {
+pub struct RedisStore<C, K = ServerClock> {
     conn: C,
     /// For a store that opened its own connection ([`RedisStore::connect`]): the connection in
     /// use, which replaces `conn` and is itself replaced after a failover or a dead peer.
     reconnect: Option<Arc<Reconnect<C>>>,
     clock: Arc<K>,
+    /// The store's own [`ServerClock`], the default clock, while it is the clock: a new prefix
+    /// routes its measurements by a key under that prefix.
+    timeline: Option<ServerClock>,
     prefix: Arc<str>,
     timeout: Duration,
     policy: OutagePolicy,
@@ -205,7 +209,7 @@ const CONNECT_PIPELINE_BUFFER: usize = 8;
 /// Calls in flight to Redis at once, by default: see [`RedisStore::max_in_flight`].
 const DEFAULT_MAX_IN_FLIGHT: usize = 128;
 
-impl RedisStore<redis::aio::ConnectionManager, SystemClock> {
+impl RedisStore<redis::aio::ConnectionManager, ServerClock> {
     /// Connects to the Redis at `url` (`redis://`, or `rediss://` with TLS) through a
     /// reconnecting [`ConnectionManager`](redis::aio::ConnectionManager): reconnection attempts
     /// at most 200 ms apart, a 1 s limit on each connection attempt, no response timeout of
@@ -221,6 +225,14 @@ impl RedisStore<redis::aio::ConnectionManager, SystemClock> {
     /// groups that Redis and the client serve in turn (`docs/PERFORMANCE.md`, "Redis speed", has
     /// the figures). For a known number of tasks, build the connection yourself with
     /// `set_pipeline_buffer_size(tasks / 2)` and hand it to [`new`](RedisStore::new).
+    ///
+    /// The store's clock is a [`ServerClock`] on this connection, as [`new`](RedisStore::new)
+    /// gives, except that `connect` makes its first measurement before it returns, so that the
+    /// store's first decision is already on the shared time. A first measurement that fails or
+    /// takes over a second (Redis answers the connection but not the script: an ACL without
+    /// `+eval`, a stall) is logged at `warn`, and the store starts on the system clock and goes
+    /// on measuring every second until one succeeds. The measurements follow the connection the
+    /// store replaces after a failover.
     ///
     /// Fails when the URL is invalid or the first connection cannot be made.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
@@ -245,28 +257,75 @@ impl RedisStore<redis::aio::ConnectionManager, SystemClock> {
                     Result<redis::aio::ConnectionManager, RedisError>,
                 >
         };
-        let conn = open()
+        let mut conn = open()
             .await
             .map_err(backend("could not connect to Redis"))?;
-        let reconnect = Reconnect::new(conn.clone(), Box::new(open));
-        Ok(Self {
-            reconnect: Some(Arc::new(reconnect)),
-            ..Self::new(conn)
-        })
+        let reconnect = Arc::new(Reconnect::new(conn.clone(), Box::new(open)));
+        let key = clock_key(DEFAULT_PREFIX);
+        let first = server::first_measurement(&mut conn, &key, FIRST_MEASUREMENT_WITHIN).await;
+        let current = Arc::clone(&reconnect);
+        let clock = ServerClock::start(
+            Arc::new(move || current.current()),
+            &key,
+            crate::SystemClock,
+            server::DEFAULT_EVERY,
+            first,
+        );
+        Ok(Self::assemble(conn, Some(reconnect), clock))
     }
 }
 
-impl<C> RedisStore<C, SystemClock>
+/// How long [`RedisStore::connect`] waits for its first measurement of the shared time.
+const FIRST_MEASUREMENT_WITHIN: Duration = Duration::from_secs(1);
+
+/// The key a store's clock names in its measurements: under the prefix, so that an ACL that
+/// gives the store its prefix covers it, and never a bucket's (whose keys go on `:v<format>:`).
+fn clock_key(prefix: &str) -> String {
+    format!("{prefix}:clock")
+}
+
+impl<C> RedisStore<C, ServerClock>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    /// A store on `conn`, with the default prefix, the system clock, a 250 ms timeout, the
-    /// default [`Breaker`], [`OutagePolicy::FailClosed`] and the deny cache on.
+    /// A store on `conn`, with the default prefix, a 250 ms timeout, the default [`Breaker`],
+    /// [`OutagePolicy::FailClosed`], the deny cache on, and the shared time: a [`ServerClock`]
+    /// that measures its offset from Redis's clock on `conn`, at once in the background (the
+    /// store counts the system clock's time until that first measurement answers, and tries
+    /// again every second while it fails) and every 10 seconds after.
+    ///
+    /// # Why the shared time is the default
+    ///
+    /// Hosts whose clocks differ by a few milliseconds (NTP on virtual machines, containers on
+    /// different nodes) otherwise do not share a contended bucket: the host ahead sees each
+    /// token due first and takes nearly all of them. On the shared time they share it evenly
+    /// (`docs/OPERATIONS.md`, "Clocks that disagree", has the figures' source). The decisions
+    /// are unchanged: the script still takes the time from the store, never from Redis.
+    ///
+    /// To count your own clock instead (a [`ManualClock`](crate::ManualClock) in tests, the plain
+    /// [`SystemClock`](crate::SystemClock) where one process alone uses the store), give it
+    /// with [`with_clock`](Self::with_clock): the store's own clock is dropped, and its
+    /// measurements stop.
     pub fn new(conn: C) -> Self {
-        let clock = Arc::new(SystemClock);
+        let measured = conn.clone();
+        let clock = ServerClock::start(
+            Arc::new(move || measured.clone()),
+            &clock_key(DEFAULT_PREFIX),
+            crate::SystemClock,
+            server::DEFAULT_EVERY,
+            None,
+        );
+        Self::assemble(conn, None, clock)
+    }
+
+    /// A store with the defaults on `conn`, counting time on `clock`, its own.
+    fn assemble(conn: C, reconnect: Option<Arc<Reconnect<C>>>, clock: ServerClock) -> Self {
+        let timeline = Some(clock.clone());
+        let clock = Arc::new(clock);
         Self {
             conn,
-            reconnect: None,
+            reconnect,
+            timeline,
             local: MemoryStore::with_clock(Arc::clone(&clock)),
             touched: Arc::default(),
             last_answer: Arc::default(),
@@ -295,6 +354,9 @@ where
     /// shared, since they concern the one Redis behind both.
     pub fn prefix(self, prefix: &str) -> Result<Self, InvalidKey> {
         crate::key::check_name(prefix).map_err(InvalidKey::Prefix)?;
+        if let Some(timeline) = &self.timeline {
+            timeline.route_by(&clock_key(prefix));
+        }
         // Caches of their own: they are keyed by bucket key, and another prefix's buckets are
         // other buckets.
         Ok(Self {
@@ -307,13 +369,18 @@ where
         })
     }
 
-    /// Reads the time from `clock` instead of the system clock.
+    /// Reads the time from `clock` instead of the store's own [`ServerClock`], whose
+    /// measurements then stop (once no clone of the store holds it). For tests
+    /// ([`ManualClock`](crate::ManualClock)), and for users who bring their own shared time;
+    /// `with_clock(SystemClock)` counts this host's clock alone, as stores did before the shared
+    /// time was the default.
     #[must_use]
     pub fn with_clock<K2: Clock>(self, clock: K2) -> RedisStore<C, K2> {
         let clock = Arc::new(clock);
         RedisStore {
             conn: self.conn,
             reconnect: self.reconnect,
+            timeline: None,
             local: MemoryStore::with_clock(Arc::clone(&clock)),
             touched: Arc::default(),
             last_answer: Arc::default(),
@@ -746,6 +813,7 @@ impl<C: Clone, K> Clone for RedisStore<C, K> {
             conn: self.conn.clone(),
             reconnect: self.reconnect.clone(),
             clock: Arc::clone(&self.clock),
+            timeline: self.timeline.clone(),
             prefix: Arc::clone(&self.prefix),
             timeout: self.timeout,
             policy: self.policy,
