@@ -159,7 +159,7 @@
 //! stays safe to replicate. Buckets shared across hosts compare times written by different
 //! processes, so every clock counts wall time from the Unix epoch.
 //!
-//! - [`SystemClock`], the default: the machine's wall clock.
+//! - [`SystemClock`], [`MemoryStore`]'s default: the machine's wall clock.
 //! - [`ManualClock`]: moves only when told to; clones share one time. For unit tests.
 //! - [`TokioClock`]: wall time that advances with tokio's clock, so tests that wait can run
 //!   under `#[tokio::test(start_paused = true)]` and take no real time. Create it inside the
@@ -168,10 +168,10 @@
 //!   time at its creation. Cheaper to read than [`SystemClock`], which shows on a
 //!   [`MemoryStore`]; it does not follow later steps of the wall clock, so it is for buckets kept
 //!   in one process only.
-//! - `ServerClock` (feature `redis`): the system clock corrected by its offset from Redis's,
-//!   measured with `TIME` apart from any decision, so that every host counts the same time. Use
-//!   it where many hosts contend for one bucket: otherwise the host whose clock runs ahead finds
-//!   each freed token first.
+//! - `ServerClock` (feature `redis`), `RedisStore`'s default: the system clock corrected by its
+//!   offset from Redis's, measured with `TIME` apart from any decision, so that every host counts
+//!   the same time. Without it the host whose clock runs ahead finds each freed token of a
+//!   contended bucket first.
 //!
 //! ```
 //! use std::time::Duration;

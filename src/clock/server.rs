@@ -114,6 +114,10 @@ struct Shared {
     running: AtomicBool,
     /// The key the measurement's script call names, which picks the node on a cluster.
     key: RwLock<Arc<str>>,
+    /// Wakes the task to measure at once: the store replaced its connection, and the node
+    /// behind the new one may keep another time.
+    /// Shared with the task, which waits on it without holding the clock.
+    soon: Arc<tokio::sync::Notify>,
     task: Mutex<Task>,
 }
 
@@ -175,7 +179,8 @@ impl<K: Clock + Clone> ServerClock<K> {
 
     /// A clock measured on whatever `connect` returns at each measurement, naming `key`, every
     /// `every` (at least a second), from `first` when a measurement was made already, else from
-    /// local time until the first succeeds (tried at once, then every second).
+    /// local time until the first succeeds: tried when the clock is first read (once the store's
+    /// builders have set the key), then every second.
     pub(crate) fn start<C>(
         connect: Connect<C>,
         key: &str,
@@ -188,9 +193,11 @@ impl<K: Clock + Clone> ServerClock<K> {
     {
         let every = every.max(Duration::from_secs(1));
         let task_base = base.clone();
+        let soon = Arc::new(tokio::sync::Notify::new());
+        let task_soon = Arc::clone(&soon);
         let spawn: Spawn = Box::new(move |runtime, weak| {
             runtime
-                .spawn(measure_forever(connect, task_base, every, weak))
+                .spawn(measure_forever(connect, task_base, every, task_soon, weak))
                 .abort_handle()
         });
         let (offset_us, rtt_us) = first.unwrap_or((0, 0));
@@ -200,9 +207,12 @@ impl<K: Clock + Clone> ServerClock<K> {
             measured: AtomicBool::new(first.is_some()),
             running: AtomicBool::new(false),
             key: RwLock::new(Arc::from(key)),
+            soon: Arc::clone(&soon),
             task: Mutex::new(Task::Waiting(spawn)),
         });
-        shared.start();
+        if first.is_some() {
+            shared.start();
+        }
         Self { base, shared }
     }
 }
@@ -234,33 +244,55 @@ impl<K> ServerClock<K> {
             .write()
             .unwrap_or_else(PoisonError::into_inner) = Arc::from(key);
     }
+
+    /// What to call when the connection measured on was replaced: the next measurement is made
+    /// at once. Holds the clock weakly, so that it does not keep the clock's task alive.
+    pub(crate) fn remeasure_hook(&self) -> impl Fn() + Send + Sync + 'static {
+        let weak = Arc::downgrade(&self.shared);
+        move || {
+            if let Some(shared) = weak.upgrade() {
+                shared.soon.notify_one();
+            }
+        }
+    }
 }
 
 /// Measures on `connect()`'s connection every `every` (every second until one succeeds), for as
 /// long as the clock's shared state lives. Holds it only between measurements' awaits, so that
 /// dropping the last clock ends the task.
-async fn measure_forever<C, K>(connect: Connect<C>, base: K, every: Duration, weak: Weak<Shared>)
-where
+async fn measure_forever<C, K>(
+    connect: Connect<C>,
+    base: K,
+    every: Duration,
+    soon: Arc<tokio::sync::Notify>,
+    weak: Weak<Shared>,
+) where
     C: ConnectionLike + Send + 'static,
     K: Clock,
 {
     let mut failing = false;
     let mut first = true;
     loop {
-        let (key, wait) = {
+        let wait = {
             let Some(shared) = weak.upgrade() else { return };
-            let measured = shared.measured.load(Ordering::Acquire);
-            let wait = match (measured, first) {
+            match (shared.measured.load(Ordering::Acquire), first) {
                 (true, _) => every,
                 (false, true) => Duration::ZERO,
                 (false, false) => UNTIL_MEASURED,
-            };
-            (shared.key(), wait)
+            }
         };
         first = false;
         if !wait.is_zero() {
-            tokio::time::sleep(wait).await;
+            // A replacement made since the last wait left a permit: it is not missed.
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                () = soon.notified() => {}
+            }
         }
+        let key = {
+            let Some(shared) = weak.upgrade() else { return };
+            shared.key()
+        };
         let mut conn = connect();
         let measured = measure(&mut conn, &key, &base).await;
         let Some(shared) = weak.upgrade() else { return };

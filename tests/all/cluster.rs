@@ -15,7 +15,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use burstgate::{Breaker, BucketKey, BucketStore, Clock, Limit, ManualClock, RedisStore, Take};
+use burstgate::{
+    Breaker, BucketKey, BucketStore, Clock, Limit, ManualClock, RedisStore, ServerClock,
+    SystemClock, Take,
+};
 use redis::cluster_async::ClusterConnection;
 
 use crate::support::{START, ZERO, key, limit, redis_cluster, redis_server, scan};
@@ -629,4 +632,101 @@ async fn flushed_script_reloads_with_an_unrelated_primary(
     assert!(d.is_admitted());
     // The same bucket, not a new one: the flush lost the script, not the state.
     assert_eq!(d.remaining(), 3);
+}
+
+/// `EVAL` calls node `index` has served, from `INFO commandstats`: the clock's measurements, in
+/// a cluster of the test's own where nothing else evaluates scripts with `EVAL`.
+fn evals_served(cluster: &redis_cluster::Cluster, index: usize) -> u64 {
+    let info: String = cluster.nodes[index]
+        .query(redis::cmd("INFO").arg("commandstats"))
+        .expect("INFO");
+    info.lines()
+        .find_map(|l| l.trim().strip_prefix("cmdstat_eval:calls="))
+        .and_then(|l| l.split(',').next())
+        .map_or(0, |n| n.parse().expect("a count"))
+}
+
+fn evals_by_node(cluster: &redis_cluster::Cluster) -> Vec<u64> {
+    (0..cluster.nodes.len())
+        .map(|i| evals_served(cluster, i))
+        .collect()
+}
+
+/// A `TIME` names no key, and redis-rs sends such a command to any primary: each sample of a
+/// clock went to another node, and hosts did not share one time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "slow tier: run by .ci/run with --ignored"]
+async fn every_sample_of_a_clock_is_answered_by_the_node_of_its_key() {
+    let cluster = redis_cluster::start("");
+    let grew = |before: &[u64], after: &[u64]| -> Vec<u64> {
+        before.iter().zip(after).map(|(b, a)| a - b).collect()
+    };
+    let owner_of = |key: &str| {
+        cluster
+            .owner_of(cluster.slot_of(key).expect("a slot"))
+            .expect("an owner")
+    };
+
+    // A clock of its own: five samples when made, five more every second.
+    let before = evals_by_node(&cluster);
+    let clock = ServerClock::sync_with(
+        cluster.connection().await,
+        SystemClock,
+        Duration::from_secs(1),
+    )
+    .await
+    .expect("measures");
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let by_node = grew(&before, &evals_by_node(&cluster));
+    let owner = owner_of("burstgate:clock");
+    println!("samples by node: {by_node:?}; the key's node: {owner}");
+    assert!(by_node[owner] >= 15, "{by_node:?}");
+    assert_eq!(by_node.iter().sum::<u64>(), by_node[owner], "{by_node:?}");
+
+    // A store's own clock names a key under its prefix.
+    let prefix = redis_server::unique_prefix();
+    let before = evals_by_node(&cluster);
+    let store = RedisStore::new(cluster.connection().await)
+        .prefix(&prefix)
+        .expect("a valid prefix");
+    let decided = store
+        .acquire(&key("clock", "k"), limit(10, 1_000, 10), 1, ZERO)
+        .await
+        .expect("decides");
+    assert!(decided.is_admitted());
+    for _ in 0..200 {
+        if store.clock().is_measured() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(store.clock().is_measured());
+    let by_node = grew(&before, &evals_by_node(&cluster));
+    let store_owner = owner_of(&format!("{prefix}:clock"));
+    println!("the store's samples by node: {by_node:?}; its key's node: {store_owner}");
+    // The bucket script's `EVAL` after `NOSCRIPT` on the bucket's node counts once.
+    let bucket_owner = owner_of(&store.redis_key(&key("clock", "k")));
+    let script_loads = |node: usize| u64::from(node == bucket_owner);
+    for (node, &n) in by_node.iter().enumerate() {
+        if node == store_owner {
+            assert!(n >= 5, "{by_node:?}");
+        } else {
+            assert!(n <= script_loads(node), "{by_node:?}");
+        }
+    }
+
+    // Resharding moves the key's slot: the next measurements follow it to the new primary.
+    let slot = cluster.slot_of("burstgate:clock").expect("a slot");
+    let to = (owner + 1) % cluster.nodes.len();
+    cluster
+        .move_slot(slot, owner, to, 10, Duration::from_millis(10))
+        .expect("moves the slot");
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let before = evals_by_node(&cluster);
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let by_node = grew(&before, &evals_by_node(&cluster));
+    println!("after the move, samples by node: {by_node:?}; the key's node: {to}");
+    assert!(by_node[to] >= 10, "{by_node:?}");
+    assert_eq!(by_node.iter().sum::<u64>(), by_node[to], "{by_node:?}");
+    drop(clock);
 }

@@ -132,3 +132,51 @@ async fn a_peer_that_stops_answering_holds_the_connection_forever() {
     redis_server::kill(old);
     redis_server::kill(new);
 }
+
+/// Calls of the measuring script (`EVAL`) node `port` has served, from `INFO commandstats`.
+async fn evals_served(port: u16) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut admin(port).await)
+        .await
+        .expect("INFO");
+    info.lines()
+        .find_map(|l| l.trim().strip_prefix("cmdstat_eval:calls="))
+        .and_then(|l| l.split(',').next())
+        .map_or(0, |n| n.parse().expect("a count"))
+}
+
+/// The store's clock used to measure on the connection it was made with, whatever the store
+/// replaced it by: after a failover it kept the old node's time, or none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_failover_the_clock_measures_on_the_new_primary() {
+    let (old, new, target, store) = behind_a_proxy().await;
+    assert!(store.clock().is_measured());
+    assert_eq!(evals_served(new.port).await, 0, "nothing reached it yet");
+    target.store(new.port, Ordering::SeqCst);
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(new.port)
+        .query_async(&mut admin(old.port).await)
+        .await
+        .expect("REPLICAOF");
+    assert!(until_admitted(&store).await.is_some(), "decides again");
+    // The measurement (five calls) follows the replacement at once, not at its next period
+    // (10 s). The bucket script's own `EVAL`, once, after `NOSCRIPT` on the new node, is the
+    // sixth.
+    let started = Instant::now();
+    while evals_served(new.port).await < 6 && started.elapsed() < Duration::from_secs(3) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let served = evals_served(new.port).await;
+    println!(
+        "clock measured on the new primary after {:?}",
+        started.elapsed()
+    );
+    assert!(
+        served >= 6,
+        "the new primary served {served} EVALs, the bucket script's and the clock's"
+    );
+    redis_server::kill(old);
+    redis_server::kill(new);
+}

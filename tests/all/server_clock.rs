@@ -166,3 +166,123 @@ async fn dropping_the_last_server_clock_ends_its_measurements() {
         metrics.num_alive_tasks()
     );
 }
+
+/// Redis's clock less `clock`'s, in microseconds: `clock` read on both sides of a `TIME`, the
+/// fastest of five tries kept, as the store's own measurement does.
+async fn ahead_of_redis<K: Clock>(conn: &mut MultiplexedConnection, clock: &K) -> i64 {
+    let mut best: Option<(u64, i64)> = None;
+    for _ in 0..5 {
+        let before = clock.now_us();
+        let (secs, micros): (u64, u64) = redis::cmd("TIME")
+            .query_async(conn)
+            .await
+            .expect("TIME answers");
+        let after = clock.now_us();
+        let mid = i128::from(before / 2 + after / 2);
+        let redis_us = i128::from(secs * 1_000_000 + micros);
+        let ahead = i64::try_from(mid - redis_us).expect("a small difference");
+        let spread = after.saturating_sub(before);
+        if best.is_none_or(|(s, _)| spread < s) {
+            best = Some((spread, ahead));
+        }
+    }
+    best.expect("five tries").1
+}
+
+/// Run alone, this host's stores count the time Redis counts; the test after it runs it again in
+/// a process whose system clock is 50 ms ahead, where only the shared time makes it pass.
+#[tokio::test]
+async fn a_store_built_with_defaults_counts_redis_time() {
+    let url = redis_server::url();
+    let mut conn = connection(&url).await;
+    let store = RedisStore::connect(&url).await.expect("connects");
+    assert!(
+        store.clock().is_measured(),
+        "connect measures before it returns"
+    );
+    let system = ahead_of_redis(&mut conn, &SystemClock).await;
+    let connected = ahead_of_redis(&mut conn, store.clock()).await;
+    let made = RedisStore::new(conn.clone())
+        .prefix(&redis_server::unique_prefix())
+        .expect("a valid prefix");
+    // Its measurements start with its first call, once its builders set the key.
+    let key = BucketKey::new("defaults", "k").expect("a valid key");
+    let limit = Limit::per_second(10).expect("a valid limit");
+    let first = made.acquire(&key, limit, 1, Duration::ZERO).await;
+    assert!(first.expect("decides").is_admitted());
+    for _ in 0..200 {
+        if made.clock().is_measured() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(made.clock().is_measured(), "new measures in the background");
+    let made_ahead = ahead_of_redis(&mut conn, made.clock()).await;
+    println!("system clock ahead of redis by {system} us");
+    println!("connect's store ahead by {connected} us, new's by {made_ahead} us");
+    assert!(connected.abs() < 3_000, "{connected} us off Redis's time");
+    assert!(made_ahead.abs() < 3_000, "{made_ahead} us off Redis's time");
+}
+
+/// libfaketime, which shifts one process's system clock: `LIBFAKETIME`, or Debian's path.
+fn libfaketime() -> String {
+    if let Ok(path) = std::env::var("LIBFAKETIME")
+        && !path.is_empty()
+    {
+        return path;
+    }
+    let candidates = [
+        "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
+        "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
+        "/usr/lib/faketime/libfaketime.so.1",
+        "/usr/local/lib/faketime/libfaketime.so.1",
+    ];
+    candidates
+        .iter()
+        .find(|p| std::path::Path::new(p).exists())
+        .map(|p| (*p).to_owned())
+        .unwrap_or_else(|| {
+            panic!(
+                "this test shifts a process's clock with libfaketime, which is not installed: \
+                 install it (`apt-get install libfaketime` on Debian) or set LIBFAKETIME to its \
+                 libfaketime.so.1"
+            )
+        })
+}
+
+/// Before the shared time was the default, a host whose clock ran ahead took nearly every token
+/// of a contended bucket: its stores counted its own clock.
+#[tokio::test]
+async fn a_host_fifty_ms_ahead_counts_redis_time_by_default() {
+    let url = redis_server::url();
+    let out = std::process::Command::new(std::env::current_exe().expect("the test binary"))
+        .args([
+            "server_clock::a_store_built_with_defaults_counts_redis_time",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("LD_PRELOAD", libfaketime())
+        .env("FAKETIME", "+0.050")
+        .env("REDIS_URL", &url)
+        .output()
+        .expect("the test binary runs again");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let system: i64 = stdout
+        .lines()
+        // The harness may print the test's name on the same line.
+        .find_map(|l| l.split("system clock ahead of redis by ").nth(1))
+        .and_then(|l| l.strip_suffix(" us"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no reading from the shifted process:\n{stdout}\n{stderr}"));
+    assert!(
+        (40_000..60_000).contains(&system),
+        "libfaketime shifted the process's clock by {system} us, not 50 ms"
+    );
+    assert!(
+        out.status.success(),
+        "a store with every default, on a host 50 ms ahead, does not count Redis's time:\n\
+         {stdout}\n{stderr}"
+    );
+}

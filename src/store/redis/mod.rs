@@ -271,6 +271,7 @@ impl RedisStore<redis::aio::ConnectionManager, ServerClock> {
             server::DEFAULT_EVERY,
             first,
         );
+        reconnect.on_replaced(clock.remeasure_hook());
         Ok(Self::assemble(conn, Some(reconnect), clock))
     }
 }
@@ -290,9 +291,9 @@ where
 {
     /// A store on `conn`, with the default prefix, a 250 ms timeout, the default [`Breaker`],
     /// [`OutagePolicy::FailClosed`], the deny cache on, and the shared time: a [`ServerClock`]
-    /// that measures its offset from Redis's clock on `conn`, at once in the background (the
-    /// store counts the system clock's time until that first measurement answers, and tries
-    /// again every second while it fails) and every 10 seconds after.
+    /// that measures its offset from Redis's clock on `conn`, in the background from the store's
+    /// first call on (the store counts the system clock's time until that first measurement
+    /// answers, and tries again every second while it fails), and every 10 seconds after.
     ///
     /// # Why the shared time is the default
     ///
@@ -454,6 +455,13 @@ where
             deny: on.then(|| Arc::new(DenyCache::new())),
             ..self
         }
+    }
+
+    /// The clock the store reads: by default its own [`ServerClock`], whose
+    /// [`is_measured`](ServerClock::is_measured) and [`offset_us`](ServerClock::offset_us) tell
+    /// whether the store counts the shared time yet, and how far this host's clock is from it.
+    pub fn clock(&self) -> &K {
+        &self.clock
     }
 
     /// Whether the circuit breaker is open: Redis failed and calls are answered by the

@@ -8,7 +8,7 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, OnceLock, PoisonError, RwLock};
 
 use redis::RedisError;
 
@@ -27,6 +27,8 @@ pub(super) struct Reconnect<C> {
     replacing: AtomicBool,
     /// Calls that timed out in a row.
     timeouts: AtomicU32,
+    /// Called once a new connection is in place: the store's clock measures on it at once.
+    replaced: OnceLock<Box<dyn Fn() + Send + Sync>>,
 }
 
 impl<C: Clone + Send + Sync + 'static> Reconnect<C> {
@@ -36,7 +38,13 @@ impl<C: Clone + Send + Sync + 'static> Reconnect<C> {
             open,
             replacing: AtomicBool::new(false),
             timeouts: AtomicU32::new(0),
+            replaced: OnceLock::new(),
         }
+    }
+
+    /// Calls `hook` after each replacement.
+    pub(super) fn on_replaced(&self, hook: impl Fn() + Send + Sync + 'static) {
+        let _ = self.replaced.set(Box::new(hook));
     }
 
     /// The connection to make the next call on.
@@ -79,6 +87,9 @@ impl<C: Clone + Send + Sync + 'static> Reconnect<C> {
                 Ok(conn) => {
                     *this.current.write().unwrap_or_else(PoisonError::into_inner) = conn;
                     tracing::info!(target: "burstgate::redis", "connection to redis replaced");
+                    if let Some(hook) = this.replaced.get() {
+                        hook();
+                    }
                 }
                 Err(error) => tracing::warn!(
                     target: "burstgate::redis",
