@@ -20,6 +20,7 @@ mod clock_skew;
 mod cluster;
 mod conformance;
 mod failover;
+mod flood;
 mod fuzz;
 mod layer;
 mod layer_fields;

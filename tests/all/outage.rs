@@ -1045,6 +1045,118 @@ async fn a_cancelled_call_leaves_its_cost_charged_in_the_deny_cache() {
     );
 }
 
+/// A request on a client's bucket of 10 per second with a burst of one, and on a global one it
+/// never empties.
+fn own_and_global<'a>(own: &'a BucketKey, global: &'a BucketKey) -> [Take<'a>; 2] {
+    [
+        Take::new(own, limit(10, 1), 1),
+        Take::new(global, limit(1000, 1000), 1),
+    ]
+}
+
+/// Admits `both` once and refuses it once, so that the deny cache holds both buckets' states.
+async fn admitted_then_refused(s: &RedisStore<Switch, ManualClock>, both: &[Take<'_>]) {
+    let first = s.acquire_all(both, ZERO).await.expect("decides");
+    assert!(first[0].is_admitted());
+    let second = s.acquire_all(both, ZERO).await.expect("decides");
+    assert!(!second[0].is_admitted());
+}
+
+#[tokio::test]
+async fn a_cancelled_call_on_several_buckets_leaves_no_charge_in_the_deny_cache() {
+    let clock = ManualClock::new(START);
+    let conn = Switch::new().await;
+    let s = store(conn.clone(), &clock);
+    let (own, global) = (key("cancelled-own"), key("cancelled-global"));
+    let both = own_and_global(&own, &global);
+    admitted_then_refused(&s, &both).await;
+    let before = conn.calls();
+    assert!(!s.acquire_all(&both, ZERO).await.expect("decides")[0].is_admitted());
+    assert_eq!(conn.calls(), before, "refused by the cache");
+    // A token later the cache lets one call through, each entry taking its part ahead of
+    // Redis; the call hangs and its caller gives up before Redis sees it.
+    clock.advance(Duration::from_millis(100));
+    conn.set(HANGING);
+    let call = tokio::time::timeout(Duration::from_millis(5), s.acquire_all(&both, ZERO));
+    assert!(call.await.is_err(), "cancelled");
+    conn.set(UP);
+    // Redis still holds that token, and the next call gets it.
+    let d = s.acquire_all(&both, ZERO).await.expect("decides");
+    assert!(
+        d[0].is_admitted(),
+        "refused by a charge Redis never took: {d:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_failed_call_on_several_buckets_drops_their_charges_from_the_deny_cache() {
+    let clock = ManualClock::new(START);
+    let conn = Switch::new().await;
+    let s = store(conn.clone(), &clock);
+    let (own, global) = (key("failed-own"), key("failed-global"));
+    let both = own_and_global(&own, &global);
+    admitted_then_refused(&s, &both).await;
+    clock.advance(Duration::from_millis(100));
+    conn.set(REFUSING);
+    assert!(s.acquire_all(&both, ZERO).await.is_err(), "fails closed");
+    conn.set(UP);
+    let d = s.acquire_all(&both, ZERO).await.expect("decides");
+    assert!(d[0].is_admitted(), "{d:?}");
+}
+
+#[tokio::test]
+async fn a_refund_or_a_reset_of_one_bucket_lets_the_next_request_on_several_reach_redis() {
+    let clock = ManualClock::new(START);
+    let conn = Switch::new().await;
+    let s = store(conn.clone(), &clock);
+    let (own, global) = (key("refund-own"), key("refund-global"));
+    let both = own_and_global(&own, &global);
+    admitted_then_refused(&s, &both).await;
+    s.refund(&own, both[0].limit(), at_start(1))
+        .await
+        .expect("refund");
+    let d = s.acquire_all(&both, ZERO).await.expect("decides");
+    assert!(d[0].is_admitted(), "the refunded token: {d:?}");
+    // Refused again, and then by the cache, until a reset.
+    assert!(!s.acquire_all(&both, ZERO).await.expect("decides")[0].is_admitted());
+    let before = conn.calls();
+    assert!(!s.acquire_all(&both, ZERO).await.expect("decides")[0].is_admitted());
+    assert_eq!(conn.calls(), before, "refused by the cache");
+    s.reset(&own).await.expect("reset");
+    let d = s.acquire_all(&both, ZERO).await.expect("decides");
+    assert!(d[0].is_admitted(), "the reset bucket: {d:?}");
+}
+
+#[tokio::test]
+async fn at_a_refilled_token_one_request_on_several_buckets_goes_to_redis_not_every_waiting_one() {
+    let clock = ManualClock::new(START);
+    let conn = Switch::new().await;
+    let s = store(conn.clone(), &clock);
+    let (own, global) = (key("racing-own"), key("racing-global"));
+    admitted_then_refused(&s, &own_and_global(&own, &global)).await;
+    clock.advance(Duration::from_millis(100));
+    let before = conn.calls();
+    let racing = (0..64).map(|_| {
+        let (s, own, global) = (s.clone(), own.clone(), global.clone());
+        tokio::spawn(async move {
+            s.acquire_all(&own_and_global(&own, &global), ZERO)
+                .await
+                .expect("decides")[0]
+                .is_admitted()
+        })
+    });
+    let mut admitted = 0;
+    for task in racing.collect::<Vec<_>>() {
+        admitted += usize::from(task.await.expect("the task finishes"));
+    }
+    assert_eq!(admitted, 1, "one token");
+    assert_eq!(
+        conn.calls() - before,
+        1,
+        "the request that took the token from the cache's entries, and no other"
+    );
+}
+
 #[tokio::test]
 async fn the_local_policy_admits_twice_its_budget_under_a_flapping_redis() {
     // Redis up for a second, down for a second, for a minute, on 10 per second with a burst of

@@ -11,11 +11,13 @@
 --          bucket.lua
 -- Errors   name the key by its place in KEYS, from 1: 'WRONGTYPE burstgate: the value at key 2
 --          ...' and 'BURSTGATE_CORRUPT burstgate: the value at key 2 ...'
--- Returns  one string: for each key in order, struct.pack('<ddddd', allowed, wait, remaining,
---          reset, at), all whole numbers. allowed is the same for every key. Admitted, wait is
---          the request's (the largest of the keys' own waits) and every key was written;
---          denied, wait is the key's own, and nothing was written but a stored time far ahead
---          moved back, as bucket.lua moves it.
+-- Returns  one string: for each key in order, struct.pack('<ddddddd', allowed, wait, remaining,
+--          reset, at, t, ts), the first five whole numbers. allowed is the same for every key.
+--          Admitted, wait is the request's (the largest of the keys' own waits), every key was
+--          written, and t, ts are what it holds now; denied, wait is the key's own, nothing was
+--          written but a stored time far ahead moved back, as bucket.lua moves it, and t, ts are
+--          what the key holds (after that move), with ts -1 for a key that holds nothing. The
+--          store's deny cache keeps them, to refuse the same request again without a call.
 --
 -- Each key is read once (GET) and, if it changes, written once (SET) or twice (a stored time
 -- moved back, and then the admission). Every admission writes by bucket.lua's common tail: the
@@ -95,7 +97,8 @@ for i = 1, n do
   local wait = 0
   if not (avail >= cost) then wait = ready_at(t, ts, cost, tokens, interval) - ts2 end
   b[i] = {tokens = tokens, interval = interval, capacity = capacity, cost = cost, t = t,
-    ts = ts, keep = keep, halt = halt, moved = moved, avail = avail, ts2 = ts2, wait = wait}
+    ts = ts, keep = keep, halt = halt, moved = moved, avail = avail, ts2 = ts2, wait = wait,
+    held = stored and ts or -1}
 end
 
 -- A stored time moved back is stored at once, even on a denial, kept by the first estimate of
@@ -128,7 +131,7 @@ if not (request_wait <= max_wait) then
     -- A bucket that had the tokens may be full, and full since before ts2.
     local reset = ready_at(k.t, k.ts, k.capacity, k.tokens, k.interval) - k.ts2
     if not (reset > 0) then reset = 0 end
-    reply[i] = struct.pack('<ddddd', 0, k.wait, left, reset, k.ts2)
+    reply[i] = struct.pack('<ddddddd', 0, k.wait, left, reset, k.ts2, k.t, k.held)
   end
   return table.concat(reply)
 end
@@ -163,6 +166,6 @@ for i = 1, n do
   end
   local left = 0
   if t2 > 0 then left = t2 - t2 % 1 end
-  reply[i] = struct.pack('<ddddd', 1, request_wait, left, full - ts2, ts2)
+  reply[i] = struct.pack('<ddddddd', 1, request_wait, left, full - ts2, ts2, t2, ts2)
 end
 return table.concat(reply)

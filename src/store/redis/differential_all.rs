@@ -7,7 +7,8 @@
 //! calls of `acquire_all.lua` on all the buckets or some, in any order. After every call both
 //! must give the same outcome for each bucket, and leave each key with the same state to the
 //! last bit of each `f64`, the same `keep`, the same halt (and so the same length), and the same
-//! TTL, or the expiry it had where the script must keep it. Fixed traces add the corners random
+//! TTL, or the expiry it had where the script must keep it; the state the reply carries for each
+//! key, which the deny cache keeps, must be that same state, or none where the key holds nothing. Fixed traces add the corners random
 //! ones reach only now and then (full buckets beside one in debt, equal waits, a wait of exactly
 //! the most allowed), and values planted at one key of two check that a sound value is decided
 //! alike and that any other, or a key of another type, refuses the whole call, naming the key,
@@ -193,11 +194,30 @@ async fn check_all(
         .split_first()
         .filter(|(_, reads)| reads.len() == 2 * names.len())
         .ok_or_else(|| format!("{log}  redis answered {replies:?}"))?;
-    let got = parse_all(reply, names.len()).map_err(|e| format!("{log}  reply: {e}: {reply:?}"))?;
+    let each = parse_all(reply, &all).map_err(|e| format!("{log}  reply: {e}: {reply:?}"))?;
+    let got: Vec<Outcome> = each.iter().map(|e| e.outcome).collect();
     if got != expected {
         return Err(format!(
             "{log}  outcomes: reference {expected:?}, lua {got:?}"
         ));
+    }
+    // The state each key holds after the call, as the reply carries it for the deny cache: the
+    // reference's view of the key, to the bit, or none where it holds nothing.
+    for (&(i, _), e) in takes.iter().zip(&each) {
+        let held = buckets[i].stored.state;
+        let same = match (held, e.state) {
+            (None, None) => true,
+            (Some(a), Some(b)) => {
+                a.t.to_bits() == b.t.to_bits() && a.ts.to_bits() == b.ts.to_bits()
+            }
+            _ => false,
+        };
+        if !same {
+            return Err(format!(
+                "{log}  key {i}: state in the reply: reference {held:?}, lua {:?}",
+                e.state
+            ));
+        }
     }
     for ((&(i, _), read), &(ttl, existed)) in takes.iter().zip(reads.chunks_exact(2)).zip(&ttls) {
         let value = match &read[0] {
@@ -1011,12 +1031,30 @@ const MUTANTS_ALL: &[(&str, &str)] = &[
     ),
     ("    if not (reset > 0) then reset = 0 end", ""),
     (
-        "reply[i] = struct.pack('<ddddd', 0, k.wait, left, reset, k.ts2)",
-        "reply[i] = struct.pack('<ddddd', 0, request_wait, left, reset, k.ts2)",
+        "reply[i] = struct.pack('<ddddddd', 0, k.wait, left, reset, k.ts2, k.t, k.held)",
+        "reply[i] = struct.pack('<ddddddd', 0, request_wait, left, reset, k.ts2, k.t, k.held)",
     ),
     (
-        "reply[i] = struct.pack('<ddddd', 0, k.wait, left, reset, k.ts2)",
-        "reply[i] = struct.pack('<ddddd', 0, k.wait, left, reset, now)",
+        "reply[i] = struct.pack('<ddddddd', 0, k.wait, left, reset, k.ts2, k.t, k.held)",
+        "reply[i] = struct.pack('<ddddddd', 0, k.wait, left, reset, now, k.t, k.held)",
+    ),
+    // the state a denial carries for the deny cache: what each key holds, none for no value
+    (
+        "reply[i] = struct.pack('<ddddddd', 0, k.wait, left, reset, k.ts2, k.t, k.held)",
+        "reply[i] = struct.pack('<ddddddd', 0, k.wait, left, reset, k.ts2, k.avail, k.held)",
+    ),
+    (
+        "reply[i] = struct.pack('<ddddddd', 0, k.wait, left, reset, k.ts2, k.t, k.held)",
+        "reply[i] = struct.pack('<ddddddd', 0, k.wait, left, reset, k.ts2, k.t, k.ts2)",
+    ),
+    (
+        "reply[i] = struct.pack('<ddddddd', 0, k.wait, left, reset, k.ts2, k.t, k.held)",
+        "reply[i] = struct.pack('<ddddddd', 0, k.wait, left, reset, k.ts2, k.t, k.ts)",
+    ),
+    ("    held = stored and ts or -1}", "    held = ts}"),
+    (
+        "    held = stored and ts or -1}",
+        "    held = stored and now or -1}",
     ),
     ("  return table.concat(reply)\nend", "end"),
     // the admission: each key debited as at the request's slot
@@ -1089,16 +1127,25 @@ const MUTANTS_ALL: &[(&str, &str)] = &[
         "left = t2 - t2 % 1",
     ),
     (
-        "reply[i] = struct.pack('<ddddd', 1, request_wait, left, full - ts2, ts2)",
-        "reply[i] = struct.pack('<ddddd', 1, k.wait, left, full - ts2, ts2)",
+        "reply[i] = struct.pack('<ddddddd', 1, request_wait, left, full - ts2, ts2, t2, ts2)",
+        "reply[i] = struct.pack('<ddddddd', 1, k.wait, left, full - ts2, ts2, t2, ts2)",
     ),
     (
-        "reply[i] = struct.pack('<ddddd', 1, request_wait, left, full - ts2, ts2)",
-        "reply[i] = struct.pack('<ddddd', 1, request_wait, left, full - now, ts2)",
+        "reply[i] = struct.pack('<ddddddd', 1, request_wait, left, full - ts2, ts2, t2, ts2)",
+        "reply[i] = struct.pack('<ddddddd', 1, request_wait, left, full - now, ts2, t2, ts2)",
     ),
     (
-        "reply[i] = struct.pack('<ddddd', 1, request_wait, left, full - ts2, ts2)",
-        "reply[i] = struct.pack('<ddddd', 1, request_wait, left, full - ts2, now)",
+        "reply[i] = struct.pack('<ddddddd', 1, request_wait, left, full - ts2, ts2, t2, ts2)",
+        "reply[i] = struct.pack('<ddddddd', 1, request_wait, left, full - ts2, now, t2, ts2)",
+    ),
+    // the state an admission carries: what each key was left holding
+    (
+        "reply[i] = struct.pack('<ddddddd', 1, request_wait, left, full - ts2, ts2, t2, ts2)",
+        "reply[i] = struct.pack('<ddddddd', 1, request_wait, left, full - ts2, ts2, k.avail, ts2)",
+    ),
+    (
+        "reply[i] = struct.pack('<ddddddd', 1, request_wait, left, full - ts2, ts2, t2, ts2)",
+        "reply[i] = struct.pack('<ddddddd', 1, request_wait, left, full - ts2, ts2, t2, now)",
     ),
     ("\nreturn table.concat(reply)", "\nreturn reply[1]"),
 ];

@@ -8,7 +8,9 @@
 //! - `outage.rs`: the outage policy, what each policy answers, and the circuit breaker;
 //! - `deny_cache.rs`: the local cache of denials;
 //! - `reconnect.rs`: the connection `connect` opens, replaced after a failover or a dead peer;
-//! - `differential.rs` (tests): the script against `bucket.rs` on a real Redis, and its mutants.
+//! - `acquire_all.lua`: the several-bucket script, the Lua mirror of `bucket::evaluate_all`;
+//! - `differential.rs` (tests): the script against `bucket.rs` on a real Redis, and its mutants;
+//!   `differential_all.rs` the same for the several-bucket script.
 
 use std::fmt;
 use std::future::Future;
@@ -34,7 +36,7 @@ mod reconnect;
 mod script;
 pub mod wire;
 
-use deny_cache::{Check, DenyCache};
+use deny_cache::{Check, CheckAll, DenyCache};
 use outage::Circuit;
 pub use outage::{Breaker, OutagePolicy};
 use reconnect::Reconnect;
@@ -132,8 +134,13 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
 /// state would admit, further requests for the bucket in this process are denied here with no
 /// round trip, with the same `retry_after` Redis would give. When it would admit, the request
 /// goes to Redis and the kept state is charged as Redis will charge it, so that the next token
-/// draws one call to Redis, not one from every waiting request. Under a flood on one bucket
-/// this takes nearly all requests off Redis: about one call per admitted request. It denies only
+/// draws one call to Redis, not one from every waiting request. A request on several buckets
+/// ([`acquire_all`](BucketStore::acquire_all)) goes the same way: Redis's denial carries every
+/// bucket's state, the ones that refused and the others, and while the cache holds each
+/// bucket's state and they refuse the request together, it is refused here with each bucket's
+/// outcome as Redis would give it on them; a bucket with no state kept sends it to Redis.
+/// Under a flood on one bucket, or on several together, this takes nearly all requests off
+/// Redis: about one call per admitted request. It denies only
 /// what Redis would deny, but in three cases: if another process refunds tokens to the bucket,
 /// Redis loses it (a restart without persistence, `FLUSHALL`), or a host whose clock runs ahead
 /// of this one writes it, a request here may be denied that Redis would now admit, at most
@@ -536,7 +543,7 @@ where
                 }
                 if let Some(cache) = &self.deny {
                     match (reply.outcome.allowed, reply.state) {
-                        (false, Some(state)) => cache.remember(key, limit, state, now),
+                        (false, Some(state)) => cache.remember(key, limit, Some(state), now),
                         // What Redis holds, for an entry that charged this call: the cache then
                         // follows Redis from the first call it lets through, even when something
                         // raised the bucket there meanwhile (another process's refund, a flush).
@@ -567,9 +574,9 @@ where
         }
     }
 
-    /// One script call on every bucket (`acquire_all.lua`). The deny cache is not asked: it
-    /// keeps one bucket's denial, and a request on several is decided by Redis; what Redis
-    /// takes here only makes a denial cached meanwhile more certain.
+    /// One script call on every bucket (`acquire_all.lua`), unless the deny cache refuses the
+    /// request first: it answers when it holds every bucket's state and they refuse together,
+    /// with the outcomes Redis would give on them (see [Deny cache](Self#deny-cache)).
     async fn acquire_all(
         &self,
         takes: &[Take<'_>],
@@ -580,6 +587,27 @@ where
             return Ok(Vec::new());
         }
         let now = self.clock.now_ms();
+        let max_wait_ms = whole_ms(max_wait);
+        // Drops the entries if this call goes away before Redis answers: they took the
+        // request's parts ahead of Redis, which may never see the call.
+        let mut charged = None;
+        if let Some(cache) = &self.deny {
+            match cache.check_all(takes, now, max_wait_ms) {
+                CheckAll::Deny(outcomes) => {
+                    #[cfg(feature = "metrics")]
+                    metrics::counter!(crate::metrics::DENY_CACHE_HITS, "store" => "redis")
+                        .increment(1);
+                    tokio::task::coop::consume_budget().await;
+                    return Ok(outcomes
+                        .into_iter()
+                        .zip(takes)
+                        .map(|(outcome, t)| Decision::new(outcome, t.limit(), t.cost()))
+                        .collect());
+                }
+                CheckAll::Pass(true) => charged = Some(cache.forget_all_on_drop(takes)),
+                CheckAll::Pass(false) => {}
+            }
+        }
         let local = matches!(self.policy, OutagePolicy::Local { .. });
         if local {
             for t in takes {
@@ -587,8 +615,8 @@ where
                     .await;
             }
         }
-        match self.run_all(takes, now, whole_ms(max_wait)).await {
-            Ok(outcomes) => {
+        match self.run_all(takes, now, max_wait_ms).await {
+            Ok(each) => {
                 if local {
                     self.last_answer.fetch_max(now, Ordering::Relaxed);
                     for t in takes {
@@ -597,14 +625,43 @@ where
                         }
                     }
                 }
-                Ok(outcomes
+                if let Some(cache) = &self.deny {
+                    for (e, t) in each.iter().zip(takes) {
+                        match (e.outcome.allowed, e.state) {
+                            // Every bucket's state, the ones that refused and the others: the
+                            // next refusal of the same request is answered here in full.
+                            (false, state) => cache.remember(t.key(), t.limit(), state, now),
+                            // What Redis stored, for an entry this call charged or one it found
+                            // (a bucket of another request's denial): it follows Redis.
+                            (true, Some(state)) => cache.refresh(t.key(), state),
+                            (true, None) => cache.forget(t.key()),
+                        }
+                    }
+                }
+                if let Some(charged) = charged {
+                    charged.disarm();
+                }
+                Ok(each
                     .into_iter()
                     .zip(takes)
-                    .map(|(outcome, t)| Decision::new(outcome, t.limit(), t.cost()))
+                    .map(|(e, t)| Decision::new(e.outcome, t.limit(), t.cost()))
                     .collect())
             }
-            Err(Failure::Fatal(e)) => Err(e),
-            Err(Failure::Outage(e)) => self.acquire_all_in_outage(e, takes, max_wait).await,
+            Err(failure) => {
+                // The cache may hold the request's parts taken; Redis may not have taken them.
+                if let Some(cache) = &self.deny {
+                    for t in takes {
+                        cache.forget(t.key());
+                    }
+                }
+                if let Some(charged) = charged {
+                    charged.disarm();
+                }
+                match failure {
+                    Failure::Fatal(e) => Err(e),
+                    Failure::Outage(e) => self.acquire_all_in_outage(e, takes, max_wait).await,
+                }
+            }
         }
     }
 

@@ -8,10 +8,10 @@ use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 
 use super::RedisStore;
 use super::wire::{
-    Args, RedisKey, Reply, claim, command, command_all, delete, pack_all, parse_all, parse_reply,
+    Args, Each, RedisKey, Reply, claim, command, command_all, delete, pack_all, parse_all,
+    parse_reply,
 };
 use crate::BucketKey;
-use crate::bucket::Outcome;
 use crate::clock::Clock;
 use crate::store::Take;
 use crate::store::{BackendError, StoreError};
@@ -49,7 +49,7 @@ where
         takes: &[Take<'_>],
         now: u64,
         max_wait: u64,
-    ) -> Result<Vec<Outcome>, Failure> {
+    ) -> Result<Vec<Each>, Failure> {
         let packed = pack_all(takes, now, max_wait);
         let first = takes.first().map(Take::key).ok_or_else(|| {
             Failure::Fatal(StoreError::Backend(BackendError::new(
@@ -66,7 +66,7 @@ where
                 },
             )
             .await?;
-        parse_all(&value, takes.len()).map_err(Failure::Fatal)
+        parse_all(&value, takes).map_err(Failure::Fatal)
     }
 
     /// Runs the script for one bucket, through the circuit breaker and within the timeout.

@@ -382,9 +382,25 @@ pub(super) fn command_all(
     cmd
 }
 
-/// The several-bucket script's reply to a call on `n` buckets: five whole `f64`s for each
-/// (`allowed, wait, remaining, reset, at`), every one allowed or none.
-pub(super) fn parse_all(value: &Value, n: usize) -> Result<Vec<Outcome>, StoreError> {
+/// What the several-bucket script answered for one bucket.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Each {
+    pub(super) outcome: Outcome,
+    /// What the key holds after the call: the state the script stored when it admitted, the one
+    /// it read (after a far lead moved back) when it denied; `None` for a key that holds nothing,
+    /// which only a denial leaves.
+    pub(super) state: Option<State>,
+}
+
+/// The bytes of one bucket's answer: seven `f64`s.
+const EACH_LEN: usize = 7 * 8;
+
+/// The several-bucket script's reply to a call on the buckets of `takes`: for each, in order,
+/// `allowed, wait, remaining, reset, at` (whole numbers) and the state `t, ts` (a `ts` of -1 for
+/// no state), every one allowed or none. A state no script can have read or stored under the
+/// bucket's limit is refused, as is an admission without one, or one stored at another time
+/// than the waits count from.
+pub(super) fn parse_all(value: &Value, takes: &[Take<'_>]) -> Result<Vec<Each>, StoreError> {
     let bad = || {
         StoreError::Backend(BackendError::new(
             "the several-bucket script answered something other than a decision on each bucket",
@@ -394,33 +410,60 @@ pub(super) fn parse_all(value: &Value, n: usize) -> Result<Vec<Outcome>, StoreEr
     let Value::BulkString(bytes) = value else {
         return Err(bad());
     };
-    if bytes.len() != 40 * n {
+    if bytes.len() != EACH_LEN * takes.len() {
         return Err(bad());
     }
-    let outcomes = bytes
-        .chunks_exact(40)
-        .map(|chunk| {
-            let mut whole = [0u64; 5];
-            for (w, number) in whole.iter_mut().zip(chunk.chunks_exact(8)) {
+    let each = bytes
+        .chunks_exact(EACH_LEN)
+        .zip(takes)
+        .map(|(chunk, take)| {
+            let mut numbers = [0.0; 7];
+            for (v, number) in numbers.iter_mut().zip(chunk.chunks_exact(8)) {
                 let mut b = [0; 8];
                 b.copy_from_slice(number);
-                *w = to_whole(f64::from_le_bytes(b))?;
+                *v = f64::from_le_bytes(b);
             }
-            let [allowed, wait, remaining, reset, at] = whole;
-            (allowed <= 1).then_some(Outcome {
-                allowed: allowed == 1,
-                wait,
-                remaining,
-                reset,
-                at,
-            })
+            let [allowed, wait, remaining, reset, at, t, ts] = numbers;
+            let [allowed, wait, remaining, reset, at] =
+                [allowed, wait, remaining, reset, at].map(to_whole);
+            let outcome = Outcome {
+                allowed: match allowed? {
+                    0 => false,
+                    1 => true,
+                    _ => return None,
+                },
+                wait: wait?,
+                remaining: remaining?,
+                reset: reset?,
+                at: at?,
+            };
+            let state = if ts == -1.0 && !outcome.allowed {
+                None
+            } else {
+                let state = State { t, ts };
+                // Admitted, the state was stored at the time the waits count from; denied, that
+                // time is the later of now and the state's.
+                let when = if outcome.allowed {
+                    ts == outcome.at as f64
+                } else {
+                    ts <= outcome.at as f64
+                };
+                if !(when && bucket::sound(&Params::of(&take.limit()), state)) {
+                    return None;
+                }
+                Some(state)
+            };
+            Some(Each { outcome, state })
         })
-        .collect::<Option<Vec<Outcome>>>()
+        .collect::<Option<Vec<Each>>>()
         .ok_or_else(bad)?;
-    if outcomes.windows(2).any(|w| w[0].allowed != w[1].allowed) {
+    if each
+        .windows(2)
+        .any(|w| w[0].outcome.allowed != w[1].outcome.allowed)
+    {
         return Err(bad());
     }
-    Ok(outcomes)
+    Ok(each)
 }
 
 /// An acquire made as the store makes it, for a program that calls the script itself: the
@@ -804,6 +847,99 @@ mod tests {
             made.admitted(&Value::Int(1), NOW),
             Err(StoreError::Backend(_))
         ));
+    }
+
+    /// One bucket's answer to a call on several: the five numbers and the state.
+    fn each(numbers: [f64; 5], t: f64, ts: f64) -> Vec<u8> {
+        numbers
+            .iter()
+            .chain([&t, &ts])
+            .flat_map(|v| v.to_le_bytes())
+            .collect()
+    }
+
+    #[test]
+    fn a_reply_on_several_buckets_carries_each_state_or_none() {
+        let limit = Limit::per_second(10).expect("a limit");
+        let (a, b) = (
+            BucketKey::new("a", "k").expect("a key"),
+            BucketKey::new("b", "k").expect("a key"),
+        );
+        let takes = [Take::new(&a, limit, 1), Take::new(&b, limit, 1)];
+        let now = NOW as f64;
+        // Denied: the first bucket in debt since 40 ms ago, the second holding nothing.
+        let denial = [
+            each([0.0, 140.0, 0.0, 1140.0, now], -1.0, now - 40.0),
+            each([0.0, 0.0, 10.0, 0.0, now], 10.0, -1.0),
+        ]
+        .concat();
+        let parsed = parse_all(&Value::BulkString(denial), &takes).expect("parses");
+        assert_eq!(
+            parsed.iter().map(|e| e.state).collect::<Vec<_>>(),
+            [
+                Some(State {
+                    t: -1.0,
+                    ts: now - 40.0
+                }),
+                None
+            ]
+        );
+        assert_eq!(parsed[0].outcome.wait, 140);
+        // Admitted: both stored at the time the waits count from.
+        let admission = [
+            each([1.0, 0.0, 4.0, 550.0, now], 4.5, now),
+            each([1.0, 0.0, 9.0, 100.0, now], 9.0, now),
+        ]
+        .concat();
+        let parsed = parse_all(&Value::BulkString(admission), &takes).expect("parses");
+        assert_eq!(parsed[0].state, Some(State { t: 4.5, ts: now }));
+        for bad in [
+            // An admission with no state, or stored at another time.
+            [
+                each([1.0, 0.0, 9.0, 100.0, now], 9.0, -1.0),
+                each([1.0, 0.0, 9.0, 100.0, now], 9.0, now),
+            ],
+            [
+                each([1.0, 0.0, 9.0, 100.0, now], 9.0, now - 1.0),
+                each([1.0, 0.0, 9.0, 100.0, now], 9.0, now),
+            ],
+            // A denial on a state stored after the time its waits count from.
+            [
+                each([0.0, 100.0, 0.0, 1000.0, now], 0.0, now + 1.0),
+                each([0.0, 0.0, 9.0, 100.0, now], 9.0, now),
+            ],
+            // A state no script reads or stores, and a marker of no state but -1.
+            [
+                each([0.0, 100.0, 0.0, 1000.0, now], f64::NAN, now),
+                each([0.0, 0.0, 9.0, 100.0, now], 9.0, now),
+            ],
+            [
+                each([0.0, 100.0, 0.0, 1000.0, now], -1e300, now),
+                each([0.0, 0.0, 9.0, 100.0, now], 9.0, now),
+            ],
+            [
+                each([0.0, 100.0, 0.0, 1000.0, now], 0.0, now - 0.5),
+                each([0.0, 0.0, 9.0, 100.0, now], 9.0, now),
+            ],
+            [
+                each([0.0, 100.0, 0.0, 1000.0, now], 10.0, -2.0),
+                each([0.0, 0.0, 9.0, 100.0, now], 9.0, now),
+            ],
+            // One bucket admitted and the other not.
+            [
+                each([1.0, 0.0, 9.0, 100.0, now], 9.0, now),
+                each([0.0, 100.0, 0.0, 1000.0, now], 0.0, now),
+            ],
+        ] {
+            let value = Value::BulkString(bad.concat());
+            assert!(
+                matches!(parse_all(&value, &takes), Err(StoreError::Backend(_))),
+                "{value:?}"
+            );
+        }
+        // The five numbers alone, as before the states: no decision on each bucket.
+        let short = Value::BulkString(vec![0; 80]);
+        assert!(parse_all(&short, &takes).is_err());
     }
 
     #[test]
