@@ -193,8 +193,8 @@ pub trait BucketStore: Send + Sync + 'static {
     /// is not touched.
     ///
     /// `id` is the caller's (a ticket's random nonce). A mark is kept at least until `until`,
-    /// and at most 2^44 ms (about 557 years) ahead; one whose `until` has passed is not written,
-    /// and a claim finds it missing. A mark of that id already there is left as it is: a mark
+    /// and at most 2^44 ms (about 557 years) ahead; one whose `until` is not after now is not
+    /// written, and a claim finds it missing. A mark of that id already there is left as it is: a mark
     /// goes from booked to spent, never back. Redis keeps it as its own key beside the bucket's,
     /// `<bucket key>:t:<id>` (in the bucket's Cluster slot), set with `SET NX PX`.
     ///
@@ -292,6 +292,24 @@ pub trait BucketStore: Send + Sync + 'static {
 }
 
 /// What [`BucketStore::claim`] found of a one-time mark.
+///
+/// ```
+/// use std::time::{Duration, SystemTime};
+/// use burstgate::{BucketKey, BucketStore, Claim, MemoryStore};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = MemoryStore::new();
+/// let bucket = BucketKey::new("orders", "seller-42")?;
+/// let until = SystemTime::now() + Duration::from_secs(60);
+/// store.book(&bucket, "9f3c", until).await?;
+/// assert_eq!(store.claim(&bucket, "9f3c").await?, Claim::First);
+/// assert_eq!(store.claim(&bucket, "9f3c").await?, Claim::Spent);
+/// // Never booked here (or lost, or past its time): nobody can tell whether it went.
+/// assert_eq!(store.claim(&bucket, "77aa").await?, Claim::Missing);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[must_use = "a claim says whether the booked turn may go"]
 pub enum Claim {
