@@ -577,8 +577,9 @@ pub enum TicketError {
     /// The ticket was sent, or cancelled, already, here or in another process.
     Spent,
     /// The ticket's turn is more than its grace past (one token period per token of its
-    /// cost): sent now, it would go with the turns booked after it. Its tokens stay spent;
-    /// book again.
+    /// cost): sent now, it would go with the turns booked after it. Or the store no longer
+    /// holds its booking (lost in a flush, a restart without persistence or a failover), so it
+    /// cannot tell whether the ticket went already. Its tokens stay spent; book again.
     Expired,
     /// The request costs more tokens than the ticket booked.
     TooCostly,
@@ -595,7 +596,9 @@ impl fmt::Display for TicketError {
             Self::NoRoute => "no route draws from the ticket's bucket",
             Self::Forged => "the ticket's signature is not this middleware's",
             Self::Spent => "the ticket was sent or cancelled already",
-            Self::Expired => "the ticket's turn is past its grace; book again",
+            Self::Expired => {
+                "the ticket's turn is past its grace, or the store no longer holds its booking; book again"
+            }
             Self::TooCostly => "the request costs more tokens than the ticket booked",
         })
     }

@@ -312,7 +312,8 @@ pub use redis;
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use store::{Breaker, OutagePolicy, RedisStore};
 pub use store::{
-    BucketState, BucketStore, Decision, DynBucketStore, MAX_TAKES, MemoryStore, Reservation, Take,
+    BucketState, BucketStore, Claim, Decision, DynBucketStore, MAX_TAKES, MemoryStore, Reservation,
+    Take,
 };
 
 /// Not part of the stable API: anything here may change or go in any release, patch releases

@@ -9,7 +9,7 @@
 //! | name | kind | labels | what |
 //! |---|---|---|---|
 //! | `burstgate_decisions_total` | counter | `rule`, `outcome` | the layer's decisions; `outcome` is `admitted`, `limited`, `shadow_limited` or `error` (see [`Outcome`](crate::layer::Outcome)) |
-//! | `burstgate_store_call_seconds` | histogram | `store`, `op` | how long each `RedisStore` call took, answered or failed; `store` is `redis`, `op` is `acquire`, `peek`, `refund`, `drain`, `set`, `block` or `reset` |
+//! | `burstgate_store_call_seconds` | histogram | `store`, `op` | how long each `RedisStore` call took, answered or failed; `store` is `redis`, `op` is `acquire`, `acquire_all`, `peek`, `refund`, `drain`, `lower`, `set`, `block`, `reset`, `book` or `claim` |
 //! | `burstgate_circuit_open` | gauge | `store` | 1 while the Redis store's circuit breaker is open, 0 otherwise |
 //! | `burstgate_deny_cache_hits_total` | counter | `store` | denials the Redis store's deny cache answered without a Redis call |
 //!

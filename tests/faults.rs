@@ -11,7 +11,8 @@
 //!
 //! Part of the slow tier (it runs for half a minute and asserts wall-clock bounds), so
 //! `cargo test` skips it: run `cargo test --all-features --test faults -- --ignored --nocapture`
-//! to see the figures.
+//! to see the figures. One test takes a fraction of a second and runs in every `cargo test`: a
+//! middleware ticket already sent is not sent again once a restart has lost its mark.
 #![cfg(feature = "redis")]
 
 use std::num::NonZeroU32;
@@ -584,4 +585,88 @@ async fn flushes_and_a_wrong_type_key(policy: OutagePolicy) {
         );
         redis_server::kill(server);
     }
+}
+
+/// The bug: a ticket's only record of having gone was the mark its sending wrote, so after a
+/// restart of a Redis without persistence a job delivered again sent the same ticket a second
+/// time. Its booking writes the mark now, and a ticket whose mark the restart lost is refused as
+/// expired.
+#[cfg(feature = "reqwest")]
+#[tokio::test]
+async fn a_ticket_already_sent_does_not_go_again_after_a_redis_restart() {
+    use burstgate::KeySecret;
+    use burstgate::middleware::{Account, RateLimitMiddleware, Route, Ticket, TicketError};
+    use wiremock::matchers::{method, path};
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+
+    let server = redis_server::spawn("").expect("a redis-server of our own");
+    let upstream = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path("/orders"))
+        .respond_with(ResponseTemplate::new(200))
+        .expect(1)
+        .mount(&upstream)
+        .await;
+    let store = RedisStore::connect(&format!("redis://127.0.0.1:{}/", server.port))
+        .await
+        .expect("connects")
+        .prefix(&redis_server::unique_prefix())
+        .expect("a valid prefix");
+    let orders =
+        Route::new("orders", Limit::per_minute(1).expect("a limit"), "/orders").expect("a route");
+    let limiter = RateLimitMiddleware::new(store)
+        .route(orders)
+        .key_secret(KeySecret::new(b"the tests' application secret").expect("a secret"));
+    let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+        .with(limiter.clone())
+        .build();
+    let url = format!("{}/orders", upstream.uri());
+    let send = |ticket: &Ticket| {
+        client
+            .get(&url)
+            .with_extension(Account::new("seller-1"))
+            .with_extension(ticket.clone())
+            .send()
+    };
+    let refusal = |result: Result<reqwest::Response, reqwest_middleware::Error>| match result {
+        Err(reqwest_middleware::Error::Middleware(e)) => e.downcast_ref::<TicketError>().copied(),
+        _ => None,
+    };
+
+    let mut account = http::Extensions::new();
+    account.insert(Account::new("seller-1"));
+    let request = reqwest::Client::new().get(&url).build().expect("a request");
+    let ticket = limiter
+        .reserve(&request, &account)
+        .await
+        .expect("booked")
+        .expect("a route draws from it");
+    let sent = send(&ticket).await.map(|r| r.status());
+    assert_eq!(sent.ok(), Some(reqwest::StatusCode::OK));
+    assert_eq!(refusal(send(&ticket).await), Some(TicketError::Spent));
+
+    redis_server::kill(server);
+    let server = redis_server::spawn_on(server.port, "").expect("restarts on the same port, empty");
+    // The first calls after the restart may meet the connection it broke: store errors, until
+    // the connection is made again.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let again = loop {
+        let result = send(&ticket).await;
+        let store_failed = matches!(
+            &result,
+            Err(reqwest_middleware::Error::Middleware(e)) if e.downcast_ref::<StoreError>().is_some()
+        );
+        if !store_failed || Instant::now() > deadline {
+            break result;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(
+        upstream.received_requests().await.map(|r| r.len()),
+        Some(1),
+        "sent again after the restart: {again:?}"
+    );
+    assert_eq!(refusal(again), Some(TicketError::Expired));
+    upstream.verify().await;
+    redis_server::kill(server);
 }

@@ -32,10 +32,10 @@ use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
 
 use self::several::Draw;
-use crate::cancel::acquire_detached;
+use crate::cancel::{RefundGuard, acquire_detached};
 use crate::clock::{Clock, SystemClock};
 use crate::{
-    BucketKey, BucketStore, Decision, KeySecret, Limit, RateLimited, Reservation, StoreError,
+    BucketKey, BucketStore, Claim, Decision, KeySecret, Limit, RateLimited, Reservation, StoreError,
 };
 
 /// The local 429 in an error the client returned: the [`RateLimited`] this middleware returns
@@ -289,7 +289,11 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
     ///
     /// As a request sent through the middleware: the local 429 ([`RateLimited`]) when the turn
     /// is further off than the ceiling, a [`StoreError`] when the store fails or the cost is
-    /// above the burst.
+    /// above the burst. No ticket exists without its booking in the store
+    /// ([`BucketStore::book`]): when the store does not take it, the tokens just taken are given
+    /// back (as every refund: only while no turn is booked after them) and the store's error is
+    /// returned. On a [`RedisStore`](crate::RedisStore) that means no ticket is booked while
+    /// Redis is unreachable, whatever the outage policy.
     pub async fn reserve(
         &self,
         req: &Request,
@@ -312,20 +316,32 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
             .map(|d| Self::grace(d.limit, d.cost))
             .min()
             .unwrap_or(Duration::ZERO);
-        let mut turns = draws
-            .into_iter()
-            .zip(&decisions)
-            .filter_map(|(d, decision)| Some((d.key, decision.reservation()?)));
+        // Given back if the booking fails, or if the caller goes away before it is written.
+        let mut taken = RefundGuard::new(self.store.clone());
+        let mut turns = Vec::with_capacity(draws.len());
+        for (d, decision) in draws.into_iter().zip(&decisions) {
+            if let Some(reservation) = decision.reservation() {
+                taken.push(d.key.clone(), d.limit, reservation);
+                turns.push((d.key, reservation));
+            }
+        }
+        let mut turns = turns.into_iter();
         let Some((key, reservation)) = turns.next() else {
             return Ok(None);
         };
-        Ok(Some(Ticket::signed(
+        let ticket = Ticket::signed(
             key,
             reservation,
             turns.collect(),
             grace,
             &self.config.ticket_secret,
-        )))
+        );
+        if let Err(e) = self.book(&ticket).await {
+            taken.refund_all().await;
+            return Err(reqwest_middleware::Error::middleware(e));
+        }
+        taken.disarm();
+        Ok(Some(ticket))
     }
 
     /// Gives back the tokens of a [`Ticket`] whose request will never be sent (the job was
@@ -337,8 +353,10 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
     /// # Errors
     ///
     /// [`TicketError::Forged`] when the ticket is not this middleware's,
-    /// [`TicketError::NoRoute`] when no route draws from one of its buckets, or a
-    /// [`StoreError`].
+    /// [`TicketError::NoRoute`] when no route draws from one of its buckets,
+    /// [`TicketError::Expired`] when the store holds no booking for it (a second past its
+    /// grace, or lost by the store: see [`Ticket`]), and then nothing is given back, since the
+    /// store cannot tell whether it went or gave its tokens back already; or a [`StoreError`].
     pub async fn cancel(&self, ticket: &Ticket) -> reqwest_middleware::Result<bool> {
         let config = &self.config;
         if !ticket.verify(&config.ticket_secret) {
@@ -356,8 +374,12 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
             })
             .collect::<Option<Vec<Limit>>>()
             .ok_or_else(|| reqwest_middleware::Error::middleware(TicketError::NoRoute))?;
-        if !self.spend(ticket).await? {
-            return Ok(false);
+        match self.spend(ticket).await? {
+            Claim::First => {}
+            Claim::Spent => return Ok(false),
+            Claim::Missing => {
+                return Err(reqwest_middleware::Error::middleware(TicketError::Expired));
+            }
         }
         // Every bucket is asked, whatever the others answer: the ticket is spent, and a refund
         // left out now could never be made.
@@ -380,14 +402,21 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
         Duration::from_millis(u64::try_from(grace_ms).unwrap_or(u64::MAX))
     }
 
-    /// Spends the ticket's one-time mark: `false` when it was spent. The mark is kept a second
-    /// past the end of the ticket's grace, signed into it, after which the ticket is refused as
-    /// expired anyway: a ticket checked just inside its grace must not meet a mark already
-    /// gone, in a store that counts whole milliseconds on a clock of its own.
-    async fn spend(&self, ticket: &Ticket) -> reqwest_middleware::Result<bool> {
+    /// Books the ticket's one-time mark in the store, beside its first bucket. The mark is kept
+    /// a second past the end of the ticket's grace, signed into it, after which the ticket is
+    /// refused as expired anyway: a ticket checked just inside its grace must not meet a mark
+    /// already gone, in a store that counts whole milliseconds on a clock of its own.
+    async fn book(&self, ticket: &Ticket) -> Result<(), StoreError> {
         let until = crate::clock::add_or_latest(ticket.expires_at(), Duration::from_secs(1));
         self.store
-            .claim(&ticket.key, &ticket.nonce_hex(), until)
+            .book(&ticket.key, &ticket.nonce_hex(), until)
+            .await
+    }
+
+    /// Spends the ticket's one-time mark.
+    async fn spend(&self, ticket: &Ticket) -> reqwest_middleware::Result<Claim> {
+        self.store
+            .claim(&ticket.key, &ticket.nonce_hex())
             .await
             .map_err(reqwest_middleware::Error::middleware)
     }
@@ -446,8 +475,12 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
                 return Err(reqwest_middleware::Error::middleware(limited));
             }
         }
-        if !self.spend(&ticket).await? {
-            return refused(TicketError::Spent);
+        match self.spend(&ticket).await? {
+            Claim::First => {}
+            Claim::Spent => return refused(TicketError::Spent),
+            // The store lost the booking (or kept it a second past the grace, on a clock ahead
+            // of this one): whether it went is unknown, and it must not go twice.
+            Claim::Missing => return refused(TicketError::Expired),
         }
         let taken: Vec<Reservation> = booked.iter().map(|(_, r)| **r).collect();
         let sent_at = tokio::time::Instant::now();

@@ -703,13 +703,12 @@ impl BucketStore for HeldDrains {
         self.inner.lower_to(key, limit, tokens).await
     }
 
-    async fn claim(
-        &self,
-        key: &BucketKey,
-        id: &str,
-        until: SystemTime,
-    ) -> Result<bool, StoreError> {
-        self.inner.claim(key, id, until).await
+    async fn book(&self, key: &BucketKey, id: &str, until: SystemTime) -> Result<(), StoreError> {
+        self.inner.book(key, id, until).await
+    }
+
+    async fn claim(&self, key: &BucketKey, id: &str) -> Result<Claim, StoreError> {
+        self.inner.claim(key, id).await
     }
 
     async fn reset(&self, key: &BucketKey) -> Result<(), StoreError> {
@@ -1322,6 +1321,183 @@ fn ticket_error(err: &reqwest_middleware::Error) -> Option<TicketError> {
         reqwest_middleware::Error::Middleware(e) => e.downcast_ref::<TicketError>().copied(),
         reqwest_middleware::Error::Reqwest(_) => None,
     }
+}
+
+/// A `MemoryStore` loses its marks when its process ends, as a Redis without persistence does
+/// on a restart: a ticket held across it was refused as expired neither by the store (the mark
+/// was written only when it went) nor by its time, and went on top of a full burst, a second
+/// time if it had gone already. Its booking is its mark now, and a ticket without one is
+/// refused, sent or cancelled.
+#[tokio::test(start_paused = true)]
+async fn a_ticket_held_across_a_restart_of_its_memory_store_is_refused_as_expired() {
+    let upstream = Reporting::new(|_| (StatusCode::OK, Vec::new()));
+    let start = tokio::time::Instant::now();
+    let (before, client) = booked_client(&upstream);
+    let (request, seller) = (orders_request(), account("seller-1"));
+    let sent = before.reserve(&request, &seller).await;
+    let held = before.reserve(&request, &seller).await;
+    let (sent, held) = (
+        sent.expect("booked").expect("a route"),
+        held.expect("booked").expect("a route"),
+    );
+    send_booked(&client, "seller-1", Some(sent.clone()))
+        .await
+        .expect("sent");
+
+    // The process starts again, with the same secret and a store of its own.
+    let (after, client) = booked_client(&upstream);
+    let err = send_booked(&client, "seller-1", Some(sent))
+        .await
+        .expect_err("its mark is gone");
+    assert_eq!(ticket_error(&err), Some(TicketError::Expired));
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let err = send_booked(&client, "seller-1", Some(held.clone()))
+        .await
+        .expect_err("its mark is gone");
+    assert_eq!(ticket_error(&err), Some(TicketError::Expired));
+    let err = after.cancel(&held).await.expect_err("its mark is gone");
+    assert_eq!(ticket_error(&err), Some(TicketError::Expired));
+    assert_eq!(upstream.sent_ms(start), [0]);
+}
+
+/// A store that takes tokens but refuses bookings while told to, as a Redis that fails between
+/// the two calls.
+#[derive(Clone)]
+struct RefusedBookings(
+    MemoryStore<crate::TokioClock>,
+    Arc<std::sync::atomic::AtomicBool>,
+);
+
+impl BucketStore for RefusedBookings {
+    async fn acquire(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+        cost: u32,
+        max_wait: Duration,
+    ) -> Result<Decision, StoreError> {
+        self.0.acquire(key, limit, cost, max_wait).await
+    }
+
+    async fn acquire_all(
+        &self,
+        takes: &[crate::Take<'_>],
+        max_wait: Duration,
+    ) -> Result<Vec<Decision>, StoreError> {
+        self.0.acquire_all(takes, max_wait).await
+    }
+
+    async fn peek(&self, key: &BucketKey, limit: Limit) -> Result<crate::BucketState, StoreError> {
+        self.0.peek(key, limit).await
+    }
+
+    async fn refund(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+        reservation: crate::Reservation,
+    ) -> Result<(), StoreError> {
+        self.0.refund(key, limit, reservation).await
+    }
+
+    async fn drain_until(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+        until: SystemTime,
+    ) -> Result<(), StoreError> {
+        self.0.drain_until(key, limit, until).await
+    }
+
+    async fn lower_to(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+        tokens: u32,
+    ) -> Result<bool, StoreError> {
+        self.0.lower_to(key, limit, tokens).await
+    }
+
+    async fn book(&self, key: &BucketKey, id: &str, until: SystemTime) -> Result<(), StoreError> {
+        if self.1.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(StoreError::Unavailable {
+                retry_in: Duration::from_secs(1),
+            });
+        }
+        self.0.book(key, id, until).await
+    }
+
+    async fn claim(&self, key: &BucketKey, id: &str) -> Result<Claim, StoreError> {
+        self.0.claim(key, id).await
+    }
+
+    async fn reset(&self, key: &BucketKey) -> Result<(), StoreError> {
+        self.0.reset(key).await
+    }
+
+    async fn set(&self, key: &BucketKey, limit: Limit, tokens: u32) -> Result<(), StoreError> {
+        self.0.set(key, limit, tokens).await
+    }
+
+    async fn block_until(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+        until: SystemTime,
+    ) -> Result<(), StoreError> {
+        self.0.block_until(key, limit, until).await
+    }
+}
+
+/// No ticket exists without its booking: when the store refuses it, `reserve` returns the
+/// store's error and gives back the tokens it had just taken, in every bucket.
+#[tokio::test(start_paused = true)]
+async fn a_ticket_whose_booking_the_store_refuses_is_not_made_and_its_tokens_go_back() {
+    let clock = crate::TokioClock::new();
+    let refusing = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let store = RefusedBookings(MemoryStore::with_clock(clock), Arc::clone(&refusing));
+    let (orders, account_limit) = (
+        Limit::per_second(1).expect("a limit"),
+        Limit::per_minute(1)
+            .and_then(|l| l.with_burst(2))
+            .expect("a limit"),
+    );
+    let limiter = RateLimitMiddleware::new(store.clone())
+        .with_clock(clock)
+        .route(Route::new("orders", orders, "/orders").expect("a route"))
+        .route(Route::new("account", account_limit, "/**").expect("a route"))
+        .key_secret(ticket_secret());
+    let err = limiter
+        .reserve(&orders_request(), &account("seller-1"))
+        .await
+        .expect_err("no booking, no ticket");
+    let reqwest_middleware::Error::Middleware(e) = err else {
+        panic!("a middleware error: {err:?}");
+    };
+    assert!(
+        matches!(
+            e.downcast_ref::<StoreError>(),
+            Some(StoreError::Unavailable { .. })
+        ),
+        "{e:?}"
+    );
+    let left = || async {
+        let mut left = Vec::new();
+        for (bucket, limit) in [("orders", orders), ("account", account_limit)] {
+            let key = BucketKey::new(bucket, "seller-1").expect("a key");
+            left.push(store.peek(&key, limit).await.expect("peeks").remaining());
+        }
+        left
+    };
+    assert_eq!(left().await, [1, 2]);
+    // Booked once the store takes it, from the same buckets.
+    refusing.store(false, std::sync::atomic::Ordering::Relaxed);
+    limiter
+        .reserve(&orders_request(), &account("seller-1"))
+        .await
+        .expect("booked")
+        .expect("a route");
+    assert_eq!(left().await, [0, 1]);
 }
 
 #[tokio::test(start_paused = true)]

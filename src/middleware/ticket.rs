@@ -41,20 +41,28 @@ use crate::{BucketKey, KeySecret, Reservation};
 ///   changed outside it ([`TicketError::Forged`](crate::middleware::TicketError::Forged)).
 ///   Without a key secret, each middleware draws a random one, and its tickets do not outlive
 ///   it: set the same key secret in every process that sends or cancels another's tickets, and
-///   to keep them across a restart. Keep them across a restart only with a shared store: a
-///   `MemoryStore` starts full again, and every ticket still held would go on top of a full
-///   burst.
-/// - A ticket goes once: its nonce is spent in the store when it is sent or cancelled
-///   ([`BucketStore::claim`](crate::BucketStore::claim)), so a job delivered twice sends once
+///   to keep them across a restart. Only a shared store keeps them across a restart: a
+///   `MemoryStore` starts empty again, without their bookings, and refuses them as expired.
+/// - A ticket goes once. Booking it writes a one-time mark in the store, beside its first
+///   bucket, named by its nonce ([`BucketStore::book`](crate::BucketStore::book)); sending or
+///   cancelling it spends the mark ([`BucketStore::claim`](crate::BucketStore::claim)), so a
+///   job delivered twice sends once
 ///   ([`TicketError::Spent`](crate::middleware::TicketError::Spent)), in whichever process
-///   shares the store (processes on `MemoryStore`s of their own each spend it in their own).
-///   It is spent just before the request goes: a retry of a ticketed request (reqwest-retry in
-///   front, after a 5xx) meets `Spent`, and so does a send whose spending the store answered
-///   too late to know; book again.
+///   shares the store (processes on `MemoryStore`s of their own each book and spend in their
+///   own). It is spent just before the request goes: a retry of a ticketed request
+///   (reqwest-retry in front, after a 5xx) meets `Spent`, and so does a send whose spending the
+///   store answered too late to know; book again.
+/// - A ticket whose mark the store no longer holds is refused as expired
+///   ([`TicketError::Expired`](crate::middleware::TicketError::Expired)), sent or cancelled,
+///   and gives nothing back: the store lost it (a `FLUSHALL`, a restart of a Redis without
+///   persistence, a failover to a replica that had not received it), and cannot tell whether
+///   it went already. What that costs, and the one case where a ticket can still go twice (a
+///   Redis that comes back with the mark booked after it was spent), are in the
+///   [module docs](super#a-ticket-goes-once).
 /// - It goes from its time until one token period per token of its cost after it, an end set
 ///   and signed when it was booked; later, it would go with the turns booked after it, and is
 ///   expired ([`TicketError::Expired`](crate::middleware::TicketError::Expired)), its tokens
-///   spent.
+///   spent. Its mark is kept a second longer, and not past that.
 /// - It stands for its own buckets and account, and for a request costing no more than it
 ///   booked in each: the routes that match the request must draw from exactly its buckets.
 #[derive(Clone, PartialEq, Eq)]

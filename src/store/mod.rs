@@ -187,22 +187,53 @@ pub trait BucketStore: Send + Sync + 'static {
         tokens: u32,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
-    /// Spends the one-time mark `id` of `key`'s bucket until `until`: `true` the first time,
-    /// `false` while it is spent. For a booked turn (a middleware
-    /// [`Ticket`](crate::middleware::Ticket)) that must be sent, or given back, once, however many
-    /// copies of it a job queue delivers, in whichever process shares the store. The bucket
-    /// itself is not touched.
+    /// Books the one-time mark `id` beside `key`'s bucket, to be kept until `until`: the trace
+    /// a booked turn (a middleware [`Ticket`](crate::middleware::Ticket)) leaves in the store,
+    /// without which it is never sent. [`claim`](Self::claim) spends it once. The bucket itself
+    /// is not touched.
     ///
     /// `id` is the caller's (a ticket's random nonce). A mark is kept at least until `until`,
-    /// and at most 2^44 ms (about 557 years) ahead; one whose `until` has passed is spent
-    /// already. Redis keeps it as its own key beside the bucket's, `<bucket key>:t:<id>`, with
-    /// an expiry.
-    fn claim(
+    /// and at most 2^44 ms (about 557 years) ahead; one whose `until` is not after now is not
+    /// written, and a claim finds it missing. A mark of that id already there is left as it is: a mark
+    /// goes from booked to spent, never back. Redis keeps it as its own key beside the bucket's,
+    /// `<bucket key>:t:<id>` (in the bucket's Cluster slot), set with `SET NX PX`.
+    ///
+    /// # Errors
+    ///
+    /// A [`StoreError`] when the store does not answer. On Redis, whatever the outage policy:
+    /// a mark kept anywhere but in Redis would be missing to every other process.
+    fn book(
         &self,
         key: &BucketKey,
         id: &str,
         until: SystemTime,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Spends the one-time mark `id` of `key`'s bucket, [`book`](Self::book)ed before: a booked
+    /// turn that must be sent, or given back, once, however many copies of it a job queue
+    /// delivers, in whichever process shares the store. The bucket itself is not touched.
+    ///
+    /// - [`Claim::First`]: the mark was booked, and is spent now (it keeps its time).
+    /// - [`Claim::Spent`]: it was spent already.
+    /// - [`Claim::Missing`]: the store holds no mark of that id. It was never booked, its time
+    ///   has passed, or the store lost it (a `FLUSHALL`, a restart of a Redis without
+    ///   persistence, a failover to a replica that had not received it). The store cannot tell
+    ///   whether it was spent: a caller that must not act twice refuses it.
+    ///
+    /// On Redis, one small script reads the mark and, when it says booked, rewrites it as spent
+    /// keeping its expiry (`KEEPTTL`), in one atomic step. A mark's key that holds anything else
+    /// (a value someone else wrote, or a mark spent by a build that wrote no bookings) is spent.
+    ///
+    /// # Errors
+    ///
+    /// A [`StoreError`] when the store does not answer, whatever the outage policy: no local
+    /// table can say whether another process spent the mark. A claim that timed out may have
+    /// spent it.
+    fn claim(
+        &self,
+        key: &BucketKey,
+        id: &str,
+    ) -> impl Future<Output = Result<Claim, StoreError>> + Send;
 
     /// Forgets the bucket (an admin operation): the next call finds it full, with no halt, as a
     /// bucket never used. The limit is not needed, since a missing bucket is full under any.
@@ -258,6 +289,37 @@ pub trait BucketStore: Send + Sync + 'static {
         limit: Limit,
         until: SystemTime,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
+}
+
+/// What [`BucketStore::claim`] found of a one-time mark.
+///
+/// ```
+/// use std::time::{Duration, SystemTime};
+/// use burstgate::{BucketKey, BucketStore, Claim, MemoryStore};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = MemoryStore::new();
+/// let bucket = BucketKey::new("orders", "seller-42")?;
+/// let until = SystemTime::now() + Duration::from_secs(60);
+/// store.book(&bucket, "9f3c", until).await?;
+/// assert_eq!(store.claim(&bucket, "9f3c").await?, Claim::First);
+/// assert_eq!(store.claim(&bucket, "9f3c").await?, Claim::Spent);
+/// // Never booked here (or lost, or past its time): nobody can tell whether it went.
+/// assert_eq!(store.claim(&bucket, "77aa").await?, Claim::Missing);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "a claim says whether the booked turn may go"]
+pub enum Claim {
+    /// The mark was booked, and this claim spent it: the turn goes (or is given back) now.
+    First,
+    /// The mark was spent already, by an earlier claim here or in another process.
+    Spent,
+    /// The store holds no such mark: never booked, past its time, or lost by the store. It
+    /// cannot tell whether the turn went, so the safe answer is to refuse it.
+    Missing,
 }
 
 /// The outcome of [`BucketStore::acquire`]: everything a caller needs, from one store call.
@@ -662,13 +724,20 @@ pub trait DynBucketStore: Send + Sync + 'static {
         tokens: u32,
     ) -> Pin<Box<dyn Future<Output = Result<bool, StoreError>> + Send + 'a>>;
 
+    /// [`BucketStore::book`], boxed.
+    fn book_boxed<'a>(
+        &'a self,
+        key: &'a BucketKey,
+        id: &'a str,
+        until: SystemTime,
+    ) -> Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>>;
+
     /// [`BucketStore::claim`], boxed.
     fn claim_boxed<'a>(
         &'a self,
         key: &'a BucketKey,
         id: &'a str,
-        until: SystemTime,
-    ) -> Pin<Box<dyn Future<Output = Result<bool, StoreError>> + Send + 'a>>;
+    ) -> Pin<Box<dyn Future<Output = Result<Claim, StoreError>> + Send + 'a>>;
 
     /// [`BucketStore::reset`], boxed.
     fn reset_boxed<'a>(
@@ -747,13 +816,21 @@ impl<S: BucketStore> DynBucketStore for S {
         Box::pin(self.lower_to(key, limit, tokens))
     }
 
-    fn claim_boxed<'a>(
+    fn book_boxed<'a>(
         &'a self,
         key: &'a BucketKey,
         id: &'a str,
         until: SystemTime,
-    ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(self.claim(key, id, until))
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(self.book(key, id, until))
+    }
+
+    fn claim_boxed<'a>(
+        &'a self,
+        key: &'a BucketKey,
+        id: &'a str,
+    ) -> BoxFuture<'a, Result<Claim, StoreError>> {
+        Box::pin(self.claim(key, id))
     }
 
     fn reset_boxed<'a>(&'a self, key: &'a BucketKey) -> BoxFuture<'a, Result<(), StoreError>> {
@@ -829,13 +906,12 @@ impl BucketStore for Arc<dyn DynBucketStore> {
         (**self).lower_to_boxed(key, limit, tokens).await
     }
 
-    async fn claim(
-        &self,
-        key: &BucketKey,
-        id: &str,
-        until: SystemTime,
-    ) -> Result<bool, StoreError> {
-        (**self).claim_boxed(key, id, until).await
+    async fn book(&self, key: &BucketKey, id: &str, until: SystemTime) -> Result<(), StoreError> {
+        (**self).book_boxed(key, id, until).await
+    }
+
+    async fn claim(&self, key: &BucketKey, id: &str) -> Result<Claim, StoreError> {
+        (**self).claim_boxed(key, id).await
     }
 
     async fn reset(&self, key: &BucketKey) -> Result<(), StoreError> {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use burstgate::{
-    BucketKey, BucketStore, DynBucketStore, Limit, ManualClock, MemoryStore, Reservation,
+    BucketKey, BucketStore, Claim, DynBucketStore, Limit, ManualClock, MemoryStore, Reservation,
     StoreError, Take,
 };
 
@@ -316,7 +316,9 @@ mod cases {
         assert_eq!(d.retry_after(), Some(Duration::from_millis(50)));
     }
 
-    pub(crate) async fn a_mark_is_spent_once<S, F>(make: impl FnOnce(ManualClock) -> F)
+    /// A booked turn's mark: booked, spent once, never booked again, and missing (what a store
+    /// that lost it answers too) when it was never booked or its time had passed.
+    pub(crate) async fn a_mark_is_booked_then_spent_once<S, F>(make: impl FnOnce(ManualClock) -> F)
     where
         S: BucketStore,
         F: Future<Output = S>,
@@ -325,20 +327,44 @@ mod cases {
         let store = make(clock.clone()).await;
         let k = key("tickets", "a");
         let until = UNIX_EPOCH + Duration::from_millis(START + 60_000);
-        assert!(store.claim(&k, "0f1e2d", until).await.expect("claims"));
-        assert!(!store.claim(&k, "0f1e2d", until).await.expect("claims"));
-        // Another mark of the bucket, the same mark of another bucket: each its own.
-        assert!(store.claim(&k, "0f1e2e", until).await.expect("claims"));
-        assert!(
-            store
-                .claim(&key("tickets", "b"), "0f1e2d", until)
-                .await
-                .expect("claims")
-        );
-        // A mark whose time has passed guards nothing: spent already.
+        let claim = |k: BucketKey, id: &'static str| {
+            let store = &store;
+            async move { store.claim(&k, id).await.expect("claims") }
+        };
+        // Never booked: missing, and a claim books nothing.
+        assert_eq!(claim(k.clone(), "0f1e2d").await, Claim::Missing);
+        assert_eq!(claim(k.clone(), "0f1e2d").await, Claim::Missing);
+        store.book(&k, "0f1e2d", until).await.expect("books");
+        assert_eq!(claim(k.clone(), "0f1e2d").await, Claim::First);
+        assert_eq!(claim(k.clone(), "0f1e2d").await, Claim::Spent);
+        assert_eq!(claim(k.clone(), "0f1e2d").await, Claim::Spent);
+        // Booked again once spent: it stays spent.
+        store.book(&k, "0f1e2d", until).await.expect("books");
+        assert_eq!(claim(k.clone(), "0f1e2d").await, Claim::Spent);
+        // Booked twice before its claim: spent once.
+        store.book(&k, "0f1e2e", until).await.expect("books");
+        store.book(&k, "0f1e2e", until).await.expect("books");
+        assert_eq!(claim(k.clone(), "0f1e2e").await, Claim::First);
+        assert_eq!(claim(k.clone(), "0f1e2e").await, Claim::Spent);
+        // The same id beside another bucket, or for another key: a mark of its own.
+        let other = key("tickets", "b");
+        assert_eq!(claim(other.clone(), "0f1e2d").await, Claim::Missing);
+        store.book(&other, "0f1e2d", until).await.expect("books");
+        assert_eq!(claim(other.clone(), "0f1e2d").await, Claim::First);
+        let elsewhere = key("receipts", "a");
+        store
+            .book(&elsewhere, "0f1e2d", until)
+            .await
+            .expect("books");
+        assert_eq!(claim(elsewhere, "0f1e2d").await, Claim::First);
+        // Booked with its time passed, or at it: nothing to keep, so missing.
         let past = UNIX_EPOCH + Duration::from_millis(START - 1);
-        assert!(!store.claim(&k, "0f1e2f", past).await.expect("claims"));
-        // The bucket is untouched.
+        store.book(&k, "0f1e2f", past).await.expect("books");
+        assert_eq!(claim(k.clone(), "0f1e2f").await, Claim::Missing);
+        let now = UNIX_EPOCH + Duration::from_millis(START);
+        store.book(&k, "0f1e30", now).await.expect("books");
+        assert_eq!(claim(k.clone(), "0f1e30").await, Claim::Missing);
+        // The buckets are untouched.
         let q = store.peek(&k, limit(1, 1_000, 3)).await.expect("peeks");
         assert_eq!(q.remaining(), 3);
     }
@@ -700,8 +726,8 @@ macro_rules! suite {
             }
 
             #[tokio::test]
-            async fn a_mark_is_spent_once() {
-                cases::a_mark_is_spent_once($make).await;
+            async fn a_mark_is_booked_then_spent_once() {
+                cases::a_mark_is_booked_then_spent_once($make).await;
             }
 
             #[tokio::test]

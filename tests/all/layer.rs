@@ -10,8 +10,8 @@ use std::time::{Duration, SystemTime};
 
 use burstgate::layer::{KeyExtractor, RateLimitLayer, Rule};
 use burstgate::{
-    BucketKey, BucketState, BucketStore, Decision, Limit, ManualClock, MemoryStore, StoreError,
-    TokioClock,
+    BucketKey, BucketState, BucketStore, Claim, Decision, Limit, ManualClock, MemoryStore,
+    StoreError, TokioClock,
 };
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
 use tokio::sync::mpsc;
@@ -421,13 +421,12 @@ impl BucketStore for StuckOn {
         self.store.lower_to(key, limit, tokens).await
     }
 
-    async fn claim(
-        &self,
-        key: &BucketKey,
-        id: &str,
-        until: SystemTime,
-    ) -> Result<bool, StoreError> {
-        self.store.claim(key, id, until).await
+    async fn book(&self, key: &BucketKey, id: &str, until: SystemTime) -> Result<(), StoreError> {
+        self.store.book(key, id, until).await
+    }
+
+    async fn claim(&self, key: &BucketKey, id: &str) -> Result<Claim, StoreError> {
+        self.store.claim(key, id).await
     }
 
     async fn reset(&self, key: &BucketKey) -> Result<(), StoreError> {

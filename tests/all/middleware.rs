@@ -577,7 +577,8 @@ mod shared {
     use std::future::Future;
     use std::sync::{Arc, Mutex, PoisonError};
 
-    use burstgate::RedisStore;
+    use burstgate::middleware::{Ticket, TicketError};
+    use burstgate::{KeySecret, RedisStore};
     use redis::aio::MultiplexedConnection;
     use wiremock::{Request as MockRequest, Respond};
 
@@ -993,5 +994,158 @@ mod shared {
         expected.sort();
         assert_eq!(keys, expected);
         server.verify().await;
+    }
+
+    /// A middleware on a Redis of the test's own (it is flushed), with "1 per minute, burst 2"
+    /// on `/orders` and the tickets' secret fixed, and its store.
+    async fn ticketing(
+        redis: &redis_server::Spawned,
+    ) -> (
+        RateLimitMiddleware<RedisStore<MultiplexedConnection>>,
+        RedisStore<MultiplexedConnection>,
+        MultiplexedConnection,
+    ) {
+        let conn = redis::Client::open(format!("redis://127.0.0.1:{}/", redis.port))
+            .expect("a valid Redis URL")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("a connection to the test's Redis");
+        let store = RedisStore::new(conn.clone())
+            .prefix(&redis_server::unique_prefix())
+            .expect("a valid prefix");
+        let limiter = RateLimitMiddleware::new(store.clone())
+            .route(route("orders", limit(1, 60_000, 2), "/orders"))
+            .key_secret(KeySecret::new(b"the tests' application secret").expect("a secret"));
+        (limiter, store, conn)
+    }
+
+    /// Books a turn of `seller-1` on `url`.
+    async fn book(
+        limiter: &RateLimitMiddleware<RedisStore<MultiplexedConnection>>,
+        url: &str,
+    ) -> Ticket {
+        let request = reqwest::Client::new().get(url).build().expect("a request");
+        let mut account = http::Extensions::new();
+        account.insert(Account::new("seller-1"));
+        limiter
+            .reserve(&request, &account)
+            .await
+            .expect("booked")
+            .expect("a route draws from it")
+    }
+
+    fn ticket_error<T: std::fmt::Debug>(
+        result: Result<T, reqwest_middleware::Error>,
+    ) -> TicketError {
+        match result {
+            Err(reqwest_middleware::Error::Middleware(e)) => {
+                match e.downcast_ref::<TicketError>() {
+                    Some(why) => *why,
+                    None => panic!("a middleware error other than a TicketError: {e:?}"),
+                }
+            }
+            other => panic!("expected a refused ticket, got {other:?}"),
+        }
+    }
+
+    async fn flushall(conn: &mut MultiplexedConnection) {
+        let _: () = redis::cmd("FLUSHALL")
+            .query_async(conn)
+            .await
+            .expect("FLUSHALL");
+    }
+
+    /// The bug: a ticket's only record of having gone was the mark its sending wrote, so once
+    /// Redis lost it (here `FLUSHALL`; a restart without persistence, a failover to a replica
+    /// that lacked it) a job delivered again sent the same ticket a second time. The booking
+    /// writes the mark now, and a ticket whose mark is gone is refused as expired.
+    #[tokio::test]
+    async fn a_ticket_already_sent_does_not_go_again_after_redis_loses_its_mark() {
+        let redis = redis_server::spawn("").expect("a redis-server of our own");
+        let server = MockServer::start().await;
+        mock(&server, "/orders", ResponseTemplate::new(200), 1).await;
+        let (limiter, _, mut conn) = ticketing(&redis).await;
+        let client = client(limiter.clone());
+        let url = format!("{}/orders", server.uri());
+        let send = |ticket: &Ticket| {
+            client
+                .get(&url)
+                .with_extension(Account::new("seller-1"))
+                .with_extension(ticket.clone())
+                .send()
+        };
+
+        let ticket = book(&limiter, &url).await;
+        let sent = send(&ticket).await.map(|r| r.status());
+        assert_eq!(sent.ok(), Some(StatusCode::OK));
+        assert_eq!(ticket_error(send(&ticket).await), TicketError::Spent);
+        flushall(&mut conn).await;
+        let again = send(&ticket).await;
+        assert_eq!(
+            server.received_requests().await.map(|r| r.len()),
+            Some(1),
+            "sent again after FLUSHALL: {again:?}"
+        );
+        assert_eq!(ticket_error(again), TicketError::Expired);
+        server.verify().await;
+        redis_server::kill(redis);
+    }
+
+    /// A ticket whose mark Redis lost cannot be given back either: the store cannot tell
+    /// whether it went already, nor whether its tokens are still taken. Refused as expired, and
+    /// nothing goes back to the bucket.
+    #[tokio::test]
+    async fn a_ticket_cancelled_after_redis_lost_its_mark_gives_nothing_back() {
+        let redis = redis_server::spawn("").expect("a redis-server of our own");
+        let server = MockServer::start().await;
+        mock(&server, "/orders", ResponseTemplate::new(200), 1).await;
+        let (limiter, store, mut conn) = ticketing(&redis).await;
+        let client = client(limiter.clone());
+        let url = format!("{}/orders", server.uri());
+        let orders = limit(1, 60_000, 2);
+        let bucket = key("orders", "seller-1");
+
+        let ticket = book(&limiter, &url).await;
+        flushall(&mut conn).await;
+        // The bucket is full again; one request takes a token of it.
+        assert_eq!(
+            get(&client, &url, Some("seller-1")).await.ok(),
+            Some(StatusCode::OK)
+        );
+        assert_eq!(
+            store
+                .peek(&bucket, orders)
+                .await
+                .expect("peeks")
+                .remaining(),
+            1
+        );
+        assert_eq!(
+            ticket_error(limiter.cancel(&ticket).await),
+            TicketError::Expired
+        );
+        assert_eq!(
+            store
+                .peek(&bucket, orders)
+                .await
+                .expect("peeks")
+                .remaining(),
+            1
+        );
+        // Refused again, the same way, however many times the job is dropped.
+        assert_eq!(
+            ticket_error(limiter.cancel(&ticket).await),
+            TicketError::Expired
+        );
+        assert_eq!(
+            store
+                .peek(&bucket, orders)
+                .await
+                .expect("peeks")
+                .remaining(),
+            1
+        );
+        server.verify().await;
+        redis_server::kill(redis);
     }
 }

@@ -1363,7 +1363,8 @@ async fn while_redis_fails_a_lowering_follows_the_policy_and_a_mark_fails_closed
         let store = store(conn, &clock).on_outage(policy);
         let k = key("follow");
         assert!(store.lower_to(&k, l, 3).await.is_err(), "{policy:?}");
-        assert!(store.claim(&k, "00ff", until).await.is_err(), "{policy:?}");
+        assert!(store.book(&k, "00ff", until).await.is_err(), "{policy:?}");
+        assert!(store.claim(&k, "00ff").await.is_err(), "{policy:?}");
         // A report at or above the burst needs no call, so it is no error.
         assert_eq!(store.lower_to(&k, l, 10).await.ok(), Some(false));
     }
@@ -1385,5 +1386,6 @@ async fn while_redis_fails_a_lowering_follows_the_policy_and_a_mark_fails_closed
         admitted += usize::from(d.is_admitted());
     }
     assert_eq!(admitted, 2, "the local share follows the report");
-    assert!(store.claim(&k, "00ff", until).await.is_err());
+    assert!(store.book(&k, "00ff", until).await.is_err());
+    assert!(store.claim(&k, "00ff").await.is_err());
 }

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use burstgate::{BucketKey, BucketStore, Limit, ManualClock, RedisStore, StoreError};
+use burstgate::{BucketKey, BucketStore, Claim, Limit, ManualClock, RedisStore, StoreError};
 use redis::AsyncCommands;
 use redis::aio::{ConnectionManager, MultiplexedConnection};
 
@@ -216,8 +216,9 @@ async fn a_wrong_type_error_names_the_key_by_fingerprint_never_in_clear() {
     }
 }
 
-/// A one-time mark's key that holds a value someone else wrote, of any type, counts as spent:
-/// the claim is refused, not an error, and the value is left as it was.
+/// A one-time mark's key that holds a value someone else wrote, of any type, or a mark spent by
+/// a build that wrote no bookings (`1`), counts as spent: the claim is refused, not an error,
+/// and the value is left as it was.
 #[tokio::test]
 async fn a_mark_someone_else_wrote_counts_as_spent_and_is_left_alone() {
     let store = RedisStore::new(conn().await)
@@ -228,12 +229,58 @@ async fn a_mark_someone_else_wrote_counts_as_spent_and_is_left_alone() {
     let mark = format!("{}:t:nonce-1", store.redis_key(&key));
     let _: () = c.rpush(&mark, "not a mark").await.expect("RPUSH");
     let until = std::time::SystemTime::now() + Duration::from_secs(60);
-    assert!(!store.claim(&key, "nonce-1", until).await.expect("a claim"));
+    assert_eq!(store.claim(&key, "nonce-1").await.ok(), Some(Claim::Spent));
+    store.book(&key, "nonce-1", until).await.expect("books");
+    assert_eq!(store.claim(&key, "nonce-1").await.ok(), Some(Claim::Spent));
     let kept: Vec<String> = c.lrange(&mark, 0, -1).await.expect("LRANGE");
     assert_eq!(kept, ["not a mark"]);
+    let old = format!("{}:t:nonce-0", store.redis_key(&key));
+    let _: () = c.set(&old, "1").await.expect("SET");
+    assert_eq!(store.claim(&key, "nonce-0").await.ok(), Some(Claim::Spent));
+    let kept: String = c.get(&old).await.expect("GET");
+    assert_eq!(kept, "1");
     // A mark of its own, beside it, is spent once.
-    assert!(store.claim(&key, "nonce-2", until).await.expect("a claim"));
-    assert!(!store.claim(&key, "nonce-2", until).await.expect("a claim"));
+    store.book(&key, "nonce-2", until).await.expect("books");
+    assert_eq!(store.claim(&key, "nonce-2").await.ok(), Some(Claim::First));
+    assert_eq!(store.claim(&key, "nonce-2").await.ok(), Some(Claim::Spent));
+}
+
+/// A mark is one string beside its bucket, `b` when booked and `s` once spent, kept until the
+/// time it was booked for: spending it leaves its expiry alone. Lost (deleted here, as a flush
+/// or a restart without persistence would), or expired on Redis's clock, it is missing.
+#[tokio::test]
+async fn a_mark_keeps_its_expiry_when_spent_and_is_missing_once_lost_or_expired() {
+    let store = RedisStore::new(conn().await)
+        .prefix(&redis_server::unique_prefix())
+        .expect("a valid prefix");
+    let mut c = conn().await;
+    let key = BucketKey::new("marks", "seller-1").expect("a valid key");
+    let mark = |id: &str| format!("{}:t:{id}", store.redis_key(&key));
+    let until = std::time::SystemTime::now() + Duration::from_secs(60);
+
+    store.book(&key, "a", until).await.expect("books");
+    let booked: String = c.get(mark("a")).await.expect("GET");
+    assert_eq!(booked, "b");
+    let ttl: i64 = c.pttl(mark("a")).await.expect("PTTL");
+    // The deadline is rounded up to the next whole millisecond.
+    assert!(ttl > 58_000 && ttl <= 60_001, "{ttl}");
+    assert_eq!(store.claim(&key, "a").await.ok(), Some(Claim::First));
+    let spent: String = c.get(mark("a")).await.expect("GET");
+    assert_eq!(spent, "s");
+    let kept: i64 = c.pttl(mark("a")).await.expect("PTTL");
+    assert!(kept > 58_000 && kept <= ttl, "{kept} after {ttl}");
+
+    store.book(&key, "b", until).await.expect("books");
+    let _: () = c.del(mark("b")).await.expect("DEL");
+    assert_eq!(store.claim(&key, "b").await.ok(), Some(Claim::Missing));
+
+    let soon = std::time::SystemTime::now() + Duration::from_millis(50);
+    store.book(&key, "c", soon).await.expect("books");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(store.claim(&key, "c").await.ok(), Some(Claim::Missing));
+    // A claim writes nothing where it finds nothing.
+    let exists: bool = c.exists(mark("b")).await.expect("EXISTS");
+    assert!(!exists);
 }
 
 #[tokio::test]

@@ -2,7 +2,9 @@
 
 use std::time::{Duration, SystemTime};
 
-use burstgate::{BucketKey, BucketState, BucketStore, Decision, Limit, Reservation, StoreError};
+use burstgate::{
+    BucketKey, BucketState, BucketStore, Claim, Decision, Limit, Reservation, StoreError,
+};
 
 /// A store whose replies arrive `delay` after it has decided, like a slow Redis that has already
 /// run the script: what a caller that gives up meanwhile leaves behind.
@@ -66,13 +68,12 @@ impl<S: BucketStore + Clone> BucketStore for SlowReplies<S> {
         self.inner.lower_to(key, limit, tokens).await
     }
 
-    async fn claim(
-        &self,
-        key: &BucketKey,
-        id: &str,
-        until: SystemTime,
-    ) -> Result<bool, StoreError> {
-        self.inner.claim(key, id, until).await
+    async fn book(&self, key: &BucketKey, id: &str, until: SystemTime) -> Result<(), StoreError> {
+        self.inner.book(key, id, until).await
+    }
+
+    async fn claim(&self, key: &BucketKey, id: &str) -> Result<Claim, StoreError> {
+        self.inner.claim(key, id).await
     }
 
     async fn reset(&self, key: &BucketKey) -> Result<(), StoreError> {

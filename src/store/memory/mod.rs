@@ -8,7 +8,8 @@
 //! - `view.rs`: each thread's references to the tables, so that finding one writes no shared
 //!   memory;
 //! - `key.rs`: a key as a table holds it, inline when short;
-//! - `halts.rs`: the halts of drained buckets, kept beside the buckets.
+//! - `halts.rs`: the halts of drained buckets, kept beside the buckets;
+//! - `marks.rs`: the one-time marks of booked turns, kept beside the buckets.
 //!
 //! How decisions and rebuilds share a table, and the invariants the code relies on:
 //! docs/DESIGN.md#memorystore.
@@ -27,13 +28,14 @@ use crate::bucket::{self, Params, PerBucket, State, Write};
 use crate::clock::{Clock, SystemClock, deadline_ms, whole_ms};
 use crate::store::sharding::{self, hash};
 use crate::store::{
-    BucketState, BucketStore, Decision, Reservation, StoreError, Take, check_cost, check_takes,
-    check_tokens,
+    BucketState, BucketStore, Claim, Decision, Reservation, StoreError, Take, check_cost,
+    check_takes, check_tokens,
 };
 use crate::{BucketKey, Limit};
 
 mod halts;
 mod key;
+mod marks;
 mod shard;
 mod table;
 mod view;
@@ -143,9 +145,6 @@ pub struct MemoryStore<C = SystemClock> {
     clock: C,
 }
 
-/// How many one-time marks the store holds before it starts pruning them.
-const CLAIMS_PRUNED_AT: usize = 1024;
-
 struct Inner {
     id: u64,
     shards: Box<[Padded]>,
@@ -153,9 +152,8 @@ struct Inner {
     /// The most buckets each shard holds.
     shard_cap: usize,
     halts: halts::Halts,
-    /// Spent one-time marks ([`BucketStore::claim`]), by bucket key and id, with the time (ms on
-    /// the store's clock) until which each is kept.
-    claims: std::sync::Mutex<hashbrown::HashMap<Box<str>, u64>>,
+    /// One-time marks ([`BucketStore::book`]), by bucket key and id.
+    marks: marks::Marks,
 }
 
 impl Inner {
@@ -228,7 +226,7 @@ impl<C: Clock> MemoryStore<C> {
                     share.saturating_add(share / 8)
                 },
                 halts: halts::Halts::new(),
-                claims: std::sync::Mutex::default(),
+                marks: marks::Marks::default(),
             }),
             clock,
         }
@@ -462,33 +460,27 @@ impl<C: Clock> BucketStore for MemoryStore<C> {
     }
 
     /// The marks are kept apart from the buckets, in a table the store prunes of marks past
-    /// their time before it would grow (once it holds a thousand or so).
-    fn claim(
+    /// their time before it would grow (once it holds a thousand or so). They live as long as
+    /// the store: a process that starts again finds every mark missing.
+    fn book(
         &self,
         key: &BucketKey,
         id: &str,
         until: SystemTime,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
         let now = self.clock.now_ms();
         let until = deadline_ms(until).min(now.saturating_add(bucket::MAX_WAIT));
-        let mut claims = self
-            .inner
-            .claims
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let mark = format!("{}:t:{id}", key.as_str());
-        let spent = match claims.get(mark.as_str()) {
-            Some(&kept) if kept > now => true,
-            _ => {
-                if claims.len() >= CLAIMS_PRUNED_AT && claims.len() == claims.capacity() {
-                    claims.retain(|_, kept| *kept > now);
-                }
-                claims.insert(mark.into_boxed_str(), until);
-                false
-            }
-        };
-        // A mark whose time has passed is spent already: it guards nothing any more.
-        ready(Ok(!spent && until > now))
+        self.inner.marks.book(mark_name(key, id), until, now);
+        ready(Ok(()))
+    }
+
+    fn claim(
+        &self,
+        key: &BucketKey,
+        id: &str,
+    ) -> impl Future<Output = Result<Claim, StoreError>> + Send {
+        let now = self.clock.now_ms();
+        ready(Ok(self.inner.marks.claim(&mark_name(key, id), now)))
     }
 
     /// A table never changes once made, so a bucket in one cannot be removed at once: its slot
@@ -603,4 +595,9 @@ impl<C: fmt::Debug> fmt::Debug for MemoryStore<C> {
             .field("clock", &self.clock)
             .finish_non_exhaustive()
     }
+}
+
+/// A mark's name, as Redis names its key after the bucket's: `<bucket key>:t:<id>`.
+fn mark_name(key: &BucketKey, id: &str) -> String {
+    format!("{}:t:{id}", key.as_str())
 }

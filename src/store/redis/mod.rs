@@ -779,22 +779,26 @@ where
     }
 
     /// A `SET NX PX` of the mark's own key; whatever the outage policy, a call Redis did not
-    /// answer is an error, since no local bucket can say whether another process spent it.
-    async fn claim(
-        &self,
-        key: &BucketKey,
-        id: &str,
-        until: SystemTime,
-    ) -> Result<bool, StoreError> {
+    /// answer is an error, since a mark kept anywhere else would be missing to other processes.
+    async fn book(&self, key: &BucketKey, id: &str, until: SystemTime) -> Result<(), StoreError> {
         let now = self.clock.now_ms();
         let ttl = deadline_ms(until)
             .saturating_sub(now)
             .min(crate::bucket::MAX_WAIT);
         if ttl == 0 {
-            return Ok(false);
+            return Ok(());
         }
-        match self.spend_mark(key, id, ttl).await {
-            Ok(fresh) => Ok(fresh),
+        match self.book_mark(key, id, ttl).await {
+            Ok(()) => Ok(()),
+            Err(Failure::Fatal(e) | Failure::Outage(e)) => Err(e),
+        }
+    }
+
+    /// The claim script on the mark's own key; whatever the outage policy, a call Redis did not
+    /// answer is an error, since no local table can say whether another process spent it.
+    async fn claim(&self, key: &BucketKey, id: &str) -> Result<crate::Claim, StoreError> {
+        match self.spend_mark(key, id).await {
+            Ok(found) => Ok(found),
             Err(Failure::Fatal(e) | Failure::Outage(e)) => Err(e),
         }
     }

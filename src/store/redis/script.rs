@@ -1,26 +1,28 @@
 //! The bucket script and one call of it: its source and SHA-1, `EVALSHA` then `EVAL`, and the
 //! call's way through the circuit breaker, the bound on calls in flight, the timeout and the
-//! retry, with what each error from Redis means for the breaker and the caller. A reset's `DEL`
-//! goes the same way.
+//! retry, with what each error from Redis means for the breaker and the caller. A reset's `DEL`,
+//! and a one-time mark's booking (`SET NX PX`) and claim (`claim.lua`), go the same way.
 
 use redis::aio::ConnectionLike;
 use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 
 use super::RedisStore;
 use super::wire::{
-    Args, Each, RedisKey, Reply, claim, command, command_all, delete, pack_all, parse_all,
+    Args, Each, RedisKey, Reply, book, claim, command, command_all, delete, pack_all, parse_all,
     parse_reply,
 };
 use crate::BucketKey;
 use crate::clock::Clock;
-use crate::store::Take;
-use crate::store::{BackendError, StoreError};
+use crate::store::{BackendError, Claim, StoreError, Take};
 
 /// The bucket script, `bucket.lua` beside this file; Redis knows it by the SHA-1 of this text.
 const SOURCE: &str = include_str!("bucket.lua");
 
 /// The several-bucket script, `acquire_all.lua` beside this file.
 const ALL_SOURCE: &str = include_str!("acquire_all.lua");
+
+/// The claim script, `claim.lua` beside this file.
+const CLAIM_SOURCE: &str = include_str!("claim.lua");
 
 /// The error code the script answers a stored value with that no script could have written.
 pub(super) const CORRUPT_CODE: &str = "BURSTGATE_CORRUPT";
@@ -35,6 +37,12 @@ pub fn script() -> &'static redis::Script {
 pub(super) fn script_all() -> &'static redis::Script {
     static SCRIPT: std::sync::OnceLock<redis::Script> = std::sync::OnceLock::new();
     SCRIPT.get_or_init(|| redis::Script::new(ALL_SOURCE))
+}
+
+/// The claim script, shared as [`script`] is.
+fn script_claim() -> &'static redis::Script {
+    static SCRIPT: std::sync::OnceLock<redis::Script> = std::sync::OnceLock::new();
+    SCRIPT.get_or_init(|| redis::Script::new(CLAIM_SOURCE))
 }
 
 impl<C, K> RedisStore<C, K>
@@ -92,19 +100,32 @@ where
         }
     }
 
-    /// Spends a one-time mark beside one bucket's key for `ttl_ms`, through the circuit breaker
-    /// and within the timeout: `true` when it was not spent.
-    pub(super) async fn spend_mark(
+    /// Books a one-time mark beside one bucket's key for `ttl_ms`, through the circuit breaker
+    /// and within the timeout. A mark already there is left as it is.
+    pub(super) async fn book_mark(
         &self,
         key: &BucketKey,
         id: &str,
         ttl_ms: u64,
-    ) -> Result<bool, Failure> {
-        match self.send(key, Call::Claim { id, ttl_ms }).await? {
-            Value::Okay => Ok(true),
-            Value::Nil => Ok(false),
+    ) -> Result<(), Failure> {
+        match self.send(key, Call::Book { id, ttl_ms }).await? {
+            Value::Okay | Value::Nil => Ok(()),
             _ => Err(Failure::Fatal(StoreError::Backend(BackendError::new(
                 "redis answered a SET NX with something other than OK or nil",
+                None,
+            )))),
+        }
+    }
+
+    /// Spends a one-time mark beside one bucket's key, through the circuit breaker and within
+    /// the timeout.
+    pub(super) async fn spend_mark(&self, key: &BucketKey, id: &str) -> Result<Claim, Failure> {
+        match self.send(key, Call::Claim { id }).await? {
+            Value::Int(1) => Ok(Claim::First),
+            Value::Int(0) => Ok(Claim::Spent),
+            Value::Int(-1) => Ok(Claim::Missing),
+            _ => Err(Failure::Fatal(StoreError::Backend(BackendError::new(
+                "redis answered the claim script with something other than 1, 0 or -1",
                 None,
             )))),
         }
@@ -307,8 +328,10 @@ enum Call<'a> {
     Script { now: u64, args: &'a Args },
     /// A `DEL` of the key.
     Delete,
-    /// A `SET NX PX` of a one-time mark beside the key.
-    Claim { id: &'a str, ttl_ms: u64 },
+    /// A `SET NX PX` booking a one-time mark beside the key.
+    Book { id: &'a str, ttl_ms: u64 },
+    /// The claim script on a one-time mark beside the key.
+    Claim { id: &'a str },
     /// The several-bucket script on these buckets, with this argument.
     All {
         takes: &'a [Take<'a>],
@@ -336,6 +359,7 @@ impl<'a> Call<'a> {
         match self {
             Self::Script { args, .. } => args.op.name(),
             Self::Delete => "reset",
+            Self::Book { .. } => "book",
             Self::Claim { .. } => "claim",
             Self::All { .. } => "acquire_all",
         }
@@ -353,7 +377,18 @@ async fn invoke(
     let (now, args) = match what {
         Call::Script { now, args } => (now, args),
         Call::Delete => return delete(redis_key).query_async(conn).await,
-        Call::Claim { id, ttl_ms } => return claim(redis_key, id, ttl_ms).query_async(conn).await,
+        Call::Book { id, ttl_ms } => return book(redis_key, id, ttl_ms).query_async(conn).await,
+        Call::Claim { id } => {
+            let sha = script_claim().get_hash();
+            return match claim("EVALSHA", sha, redis_key, id).query_async(conn).await {
+                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    claim("EVAL", CLAIM_SOURCE, redis_key, id)
+                        .query_async(conn)
+                        .await
+                }
+                done => done,
+            };
+        }
         Call::All { takes, packed } => {
             let sha = script_all().get_hash();
             let prefix = redis_key.prefix;

@@ -100,16 +100,23 @@ pub(super) fn delete(redis_key: RedisKey<'_>) -> Cmd {
     cmd
 }
 
-/// The `SET NX PX` of a one-time mark beside a bucket's key, `<bucket's key>:t:<id>`: no
-/// escaped key holds a `:`, so the mark's key is no bucket's.
-pub(super) fn claim(redis_key: RedisKey<'_>, id: &str, ttl_ms: u64) -> Cmd {
+/// The `SET NX PX` that books a one-time mark beside a bucket's key, `<bucket's key>:t:<id>`:
+/// no escaped key holds a `:`, so the mark's key is no bucket's; it holds `b` until it is spent.
+pub(super) fn book(redis_key: RedisKey<'_>, id: &str, ttl_ms: u64) -> Cmd {
     let mut cmd = Cmd::with_capacity(6, 3 + 270 + 3 + id.len() + 1 + 2 + 2 + 20);
     cmd.arg("SET")
         .arg(MarkKey(redis_key, id))
-        .arg(1)
+        .arg("b")
         .arg("NX")
         .arg("PX")
         .arg(ttl_ms);
+    cmd
+}
+
+/// The call of the claim script (`claim.lua`) on a one-time mark beside a bucket's key.
+pub(super) fn claim(name: &str, script: &str, redis_key: RedisKey<'_>, id: &str) -> Cmd {
+    let mut cmd = Cmd::with_capacity(4, name.len() + script.len() + 1 + 270 + 3 + id.len());
+    cmd.arg(name).arg(script).arg(1).arg(MarkKey(redis_key, id));
     cmd
 }
 
