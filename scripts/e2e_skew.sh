@@ -20,8 +20,9 @@
 #
 # Before the run it checks that each process sees its shifted clock: a client prints its clock
 # minus Redis's TIME, which must be its offset to within CLOCK_TOLERANCE_US. After the run it
-# reports each process's share of the 200s (from the clients' counts, whose sum must be nginx's),
-# nginx's 429s, and the budget used, in percent:
+# reports each process's share of the 200s (from the clients' counts, whose sum must be nginx's
+# but for requests a process dropped in flight when its time was up), nginx's 429s, and the
+# budget used, in percent:
 #
 #     admitted / (BURST + 1 + RATE x elapsed),
 #
@@ -33,7 +34,10 @@
 # pid when it exits.
 #
 # The processes start at one time read on their own clocks, so a process ahead starts its offset
-# earlier, as it would on a host of its own.
+# earlier, as it would on a host of its own. Even on one time, which task gets each token as it
+# comes due is a race, and the race alone now and then leaves a process under MIN_SHARE: judge
+# the shares over several runs (docs/PERFORMANCE.md, "Clocks that disagree", has runs with no
+# clock shifted to compare with).
 #
 # Settings (environment): OFFSETS="+0 +0.010 +0 -0.001" (one process each) TASKS=16
 # RUN_SECONDS=20 RATE=20 BURST=9 MIN_SHARE=15 MAX_429=0 MIN_BUDGET=95 CLOCK_TOLERANCE_US=2000,
@@ -258,11 +262,14 @@ if not times:
     sys.exit("e2e: nginx logged no request")
 admitted = statuses.count(200)
 refused = statuses.count(429)
-others = len(statuses) - admitted - refused
+# 499: a client closed the connection before the answer, a request the deadline cut short.
+cut = statuses.count(499)
+others = len(statuses) - admitted - refused - cut
 elapsed = max(times) - min(times)
 possible = burst + 1 + rate * elapsed
 budget = 100 * admitted / possible
 
+sent_total = sum(p[1][0] for p in processes)
 ok_total = sum(p[1][1] for p in processes)
 errors = sum(p[1][4] for p in processes)
 shares = []
@@ -272,14 +279,16 @@ for i, (offset, (sent, ok, up, local, err), clock_us, first, last) in enumerate(
     print(f"process {i} (FAKETIME={offset}, clock {clock_us / 1000:+.3f} ms from Redis's): "
           f"sent {sent}, ok {ok} ({share:.1f}%), upstream 429 {up}, local 429 {local}, "
           f"errors {err}; sent from {first} to {last} (its clock, ms)")
-print(f"nginx: {len(statuses)} requests, 200: {admitted}, 429: {refused}, other: {others}, "
+print(f"nginx: {len(statuses)} requests, 200: {admitted}, 429: {refused}, 499: {cut}, "
+      f"other: {others}, "
       f"from its first request to its last {elapsed:.3f} s; at most {possible:.1f} "
       f"(burst + 1 + rate x elapsed)")
 print(f"shares: {', '.join(f'{s:.1f}%' for s in shares)}; 429: {refused}; "
       f"budget used: {budget:.1f}%")
 problems = []
-if ok_total != admitted:
-    problems.append(f"the clients counted {ok_total} 200s, nginx {admitted}")
+# A request in flight when its process's time is up is dropped: nginx may have answered it.
+if not ok_total <= admitted <= sent_total:
+    problems.append(f"the clients counted {ok_total} 200s of {sent_total} sent, nginx {admitted}")
 if min(shares) < min_share:
     problems.append(f"a process got under {min_share:g}% of the 200s")
 if refused > max_429:
