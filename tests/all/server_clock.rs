@@ -286,3 +286,183 @@ async fn a_host_fifty_ms_ahead_counts_redis_time_by_default() {
          {stdout}\n{stderr}"
     );
 }
+
+/// Sends `args` to the Redis on `port` as its default user, blocking.
+fn admin(port: u16, args: &[&str]) {
+    let mut conn = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+        .expect("a valid Redis URL")
+        .get_connection()
+        .expect("a connection to our own Redis");
+    let mut cmd = redis::cmd(args[0]);
+    for arg in &args[1..] {
+        cmd.arg(*arg);
+    }
+    cmd.query::<()>(&mut conn).expect("the command succeeds");
+}
+
+/// The warnings the clock logged, as `message error` lines.
+fn clock_warnings(logs: &crate::support::logs::Captured) -> Vec<String> {
+    logs.messages("burstgate::clock::server")
+        .into_iter()
+        .filter(|(level, _)| *level == tracing::Level::WARN)
+        .map(|(_, message)| message)
+        .collect()
+}
+
+/// A task that keeps the runtime's thread busy `ms` at a time between yields, as a handler
+/// that does some CPU work does: a reply from Redis waits that long to be read.
+fn keep_busy(ms: u64) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            std::thread::sleep(Duration::from_millis(ms));
+            tokio::task::yield_now().await;
+        }
+    })
+}
+
+/// A reply read late (the runtime was busy when it arrived) made the round trip long and put
+/// its midpoint late, so the offset came out about the delay too low: with every sample read
+/// late, the fastest of five is as late, and the store counted time tens of milliseconds behind
+/// Redis's while the host's own clock was right. What a measurement proves is only that the
+/// offset lies within half a round trip of the midpoint's; a correction beyond what it proves
+/// makes a right clock wrong.
+#[tokio::test]
+async fn a_busy_runtime_does_not_put_the_shared_time_off_by_its_delay() {
+    let url = redis_server::url();
+    let mut conn = connection(&url).await;
+    // Measured while nothing else runs: how far this host's clock really is from Redis's.
+    let truth = -ahead_of_redis(&mut conn, &SystemClock).await;
+    let busy = keep_busy(20);
+    let store = RedisStore::new(conn)
+        .prefix(&redis_server::unique_prefix())
+        .expect("a valid prefix");
+    let key = BucketKey::new("busy", "k").expect("a valid key");
+    let limit = Limit::per_second(10).expect("a valid limit");
+    let first = store.acquire(&key, limit, 1, Duration::ZERO).await;
+    assert!(first.expect("decides").is_admitted());
+    for _ in 0..300 {
+        if store.clock().is_measured() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    busy.abort();
+    assert!(store.clock().is_measured(), "measures in the background");
+    let offset = store.clock().offset_us();
+    assert!(
+        (offset - truth).abs() < 2_000,
+        "the store counts {} us off Redis's time (offset {offset} us, round trip {:?}), where \
+         this host's own clock is {} us off",
+        offset - truth,
+        store.clock().round_trip(),
+        truth.abs()
+    );
+}
+
+/// A store whose clock started measuring on a runtime that has since shut down (built and
+/// first used in one runtime, then used in another, as a store kept in a static across
+/// `#[tokio::test]`s, or made in a runtime of its own at start-up, is): its task ended with that
+/// runtime, and it never measured again, silently, while the store's decisions went on.
+#[test]
+fn a_store_first_used_on_a_runtime_that_ended_measures_on_the_next() {
+    let url = redis_server::url();
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime")
+    };
+    let first = runtime();
+    let conn = first.block_on(async {
+        redis::Client::open(url.as_str())
+            .expect("a valid Redis URL")
+            .get_connection_manager()
+            .await
+            .expect("a connection to the test Redis")
+    });
+    let store = RedisStore::new(conn)
+        .prefix(&redis_server::unique_prefix())
+        .expect("a valid prefix");
+    first.block_on(async {
+        let _ = store.clock().now_ms();
+    });
+    drop(first);
+    let key = BucketKey::new("runtimes", "k").expect("a valid key");
+    let limit = Limit::per_second(100).expect("a valid limit");
+    runtime().block_on(async {
+        for _ in 0..300 {
+            // The connection reconnects on this runtime: decisions go on.
+            let _ = store.acquire(&key, limit, 1, Duration::ZERO).await;
+            if store.clock().is_measured() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let answered = store.acquire(&key, limit, 1, Duration::ZERO).await;
+        panic!(
+            "no measurement within 3 s on the runtime the store is used on (its decisions: {:?})",
+            answered.map(|d| d.is_admitted())
+        );
+    });
+}
+
+/// `connect`'s first measurement failed and was logged, then the background task's first
+/// attempt failed the same way and logged it again: two warnings for one failure.
+#[tokio::test]
+async fn a_measurement_that_keeps_failing_is_logged_once() {
+    let (logs, _guard) = crate::support::logs::capture();
+    let server = redis_server::spawn("").expect("a redis-server of our own");
+    let port = server.port;
+    // A user who may run the bucket script by its SHA, loaded by another user, but not `EVAL`.
+    admin(
+        port,
+        &[
+            "ACL", "SETUSER", "noeval", "on", ">pw", "~*", "+@all", "-eval",
+        ],
+    );
+    let key = BucketKey::new("acl", "k").expect("a valid key");
+    let limit = Limit::per_second(100).expect("a valid limit");
+    let loaded = RedisStore::new(connection(&format!("redis://127.0.0.1:{port}/")).await)
+        .with_clock(SystemClock)
+        .acquire(&key, limit, 1, Duration::ZERO)
+        .await;
+    assert!(loaded.expect("decides, loading the script").is_admitted());
+    let store = RedisStore::connect(&format!("redis://noeval:pw@127.0.0.1:{port}/"))
+        .await
+        .expect("connects");
+    assert!(!store.clock().is_measured(), "the user may not EVAL");
+    // Long enough for the background task to try twice more.
+    for _ in 0..25 {
+        let decided = store.acquire(&key, limit, 1, Duration::ZERO).await;
+        assert!(decided.expect("decides by EVALSHA").is_admitted());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    redis_server::kill(server);
+    let warned = clock_warnings(&logs);
+    assert_eq!(warned.len(), 1, "{warned:#?}");
+}
+
+/// `connect` made its first measurement naming `burstgate:clock`, since it cannot know the
+/// prefix the store is given next: a user confined to `~<prefix>:*`, as the docs advise, got a
+/// warning at every start, and the store's first decisions counted local time.
+#[tokio::test]
+async fn connect_with_a_user_confined_to_its_prefix_measures_before_it_returns() {
+    let (logs, _guard) = crate::support::logs::capture();
+    let server = redis_server::spawn("").expect("a redis-server of our own");
+    let port = server.port;
+    admin(
+        port,
+        &[
+            "ACL", "SETUSER", "confined", "on", ">pw", "~myapp:*", "+@all",
+        ],
+    );
+    let store = RedisStore::connect(&format!("redis://confined:pw@127.0.0.1:{port}/"))
+        .await
+        .expect("connects")
+        .prefix("myapp")
+        .expect("a valid prefix");
+    let measured = store.clock().is_measured();
+    redis_server::kill(server);
+    assert_eq!(clock_warnings(&logs), Vec::<String>::new());
+    assert!(measured, "connect measures before it returns");
+}
