@@ -91,14 +91,23 @@ pub struct ServerClock<K = SystemClock> {
 
 /// Starts the measuring task on a runtime, given the clock's shared state to update.
 type Spawn =
-    Box<dyn FnOnce(&tokio::runtime::Handle, Weak<Shared>) -> tokio::task::AbortHandle + Send>;
+    Box<dyn Fn(&tokio::runtime::Handle, Weak<Shared>) -> tokio::task::AbortHandle + Send + Sync>;
 
-enum Task {
-    /// Made outside a runtime: started by the first read inside one.
-    Waiting(Spawn),
-    Running(tokio::task::AbortHandle),
-    /// Taken out to be started.
-    Starting,
+struct Task {
+    spawn: Spawn,
+    running: Option<tokio::task::AbortHandle>,
+}
+
+/// Lives in the measuring task: when the task ends (its runtime shut down), the next read
+/// starts another on the reader's runtime.
+struct Stopped(Weak<Shared>);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        if let Some(shared) = self.0.upgrade() {
+            shared.running.store(false, Ordering::Release);
+        }
+    }
 }
 
 struct Shared {
@@ -127,12 +136,10 @@ impl Shared {
             return;
         };
         let mut task = self.task.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Task::Waiting(_) = &*task
-            && let Task::Waiting(spawn) = std::mem::replace(&mut *task, Task::Starting)
-        {
-            *task = Task::Running(spawn(&runtime, Arc::downgrade(self)));
-            self.running.store(true, Ordering::Release);
+        if self.running.swap(true, Ordering::AcqRel) {
+            return;
         }
+        task.running = Some((task.spawn)(&runtime, Arc::downgrade(self)));
     }
 
     fn key(&self) -> Arc<str> {
@@ -142,7 +149,12 @@ impl Shared {
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        if let Task::Running(task) = &*self.task.lock().unwrap_or_else(PoisonError::into_inner) {
+        if let Some(task) = &self
+            .task
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .running
+        {
             task.abort();
         }
     }
@@ -174,6 +186,7 @@ impl<K: Clock + Clone> ServerClock<K> {
             base,
             every,
             Some(measured),
+            false,
         ))
     }
 
@@ -187,6 +200,7 @@ impl<K: Clock + Clone> ServerClock<K> {
         base: K,
         every: Duration,
         first: Option<(i64, i64)>,
+        warned: bool,
     ) -> Self
     where
         C: ConnectionLike + Send + 'static,
@@ -197,7 +211,15 @@ impl<K: Clock + Clone> ServerClock<K> {
         let task_soon = Arc::clone(&soon);
         let spawn: Spawn = Box::new(move |runtime, weak| {
             runtime
-                .spawn(measure_forever(connect, task_base, every, task_soon, weak))
+                .spawn(measure_forever(
+                    Arc::clone(&connect),
+                    task_base.clone(),
+                    every,
+                    Arc::clone(&task_soon),
+                    weak.clone(),
+                    warned,
+                    Stopped(weak),
+                ))
                 .abort_handle()
         });
         let (offset_us, rtt_us) = first.unwrap_or((0, 0));
@@ -208,7 +230,10 @@ impl<K: Clock + Clone> ServerClock<K> {
             running: AtomicBool::new(false),
             key: RwLock::new(Arc::from(key)),
             soon: Arc::clone(&soon),
-            task: Mutex::new(Task::Waiting(spawn)),
+            task: Mutex::new(Task {
+                spawn,
+                running: None,
+            }),
         });
         if first.is_some() {
             shared.start();
@@ -266,11 +291,13 @@ async fn measure_forever<C, K>(
     every: Duration,
     soon: Arc<tokio::sync::Notify>,
     weak: Weak<Shared>,
+    warned: bool,
+    _stopped: Stopped,
 ) where
     C: ConnectionLike + Send + 'static,
     K: Clock,
 {
-    let mut failing = false;
+    let mut failing = warned;
     let mut first = true;
     loop {
         let wait = {
@@ -307,12 +334,16 @@ async fn measure_forever<C, K>(
                 failing = true;
                 if shared.measured.load(Ordering::Acquire) {
                     tracing::warn!(
+                        target: "burstgate::redis",
                         error = %e,
+                        cause = cause(&e),
                         "could not measure the clock's offset from Redis; keeping the last one"
                     );
                 } else {
                     tracing::warn!(
+                        target: "burstgate::redis",
                         error = %e,
+                        cause = cause(&e),
                         "could not measure the clock's offset from Redis; counting local time \
                          until a measurement succeeds"
                     );
@@ -336,21 +367,50 @@ pub(crate) async fn first_measurement<C: ConnectionLike>(
         Err(_) => StoreError::Timeout { after: within },
     };
     tracing::warn!(
+        target: "burstgate::redis",
         error = %failed,
+        cause = cause(&failed),
         "could not measure the clock's offset from Redis; counting local time until a \
          measurement succeeds"
     );
     None
 }
 
+/// What Redis answered, for the log: its error code (`NOPERM`, `NOSCRIPT`, ...) or the kind of
+/// failure, never a message that could carry an address or a name.
+fn cause(e: &StoreError) -> String {
+    use std::error::Error as _;
+    match e
+        .source()
+        .and_then(|s| s.downcast_ref::<redis::RedisError>())
+    {
+        Some(redis) => redis
+            .code()
+            .map_or_else(|| format!("{:?}", redis.kind()), str::to_owned),
+        None => e.to_string(),
+    }
+}
+
 /// Measures the offset (server minus local, in microseconds) and the round trip it came with.
+///
+/// A sample proves only that Redis read its clock somewhere within the round trip, so the offset
+/// lies within half a round trip of the midpoint's. Of that interval the value nearest zero is
+/// kept: a round trip stretched by a busy runtime (the reply read late, on every sample alike)
+/// then widens the interval instead of moving the offset by the delay, and a correction is never
+/// further from the truth than no correction. Where the round trip is short, as it is on a
+/// quiet host, that is the midpoint's offset to within half of it. An empty key names none, for
+/// a single node where nothing needs routing.
 async fn measure<C: ConnectionLike, K: Clock>(
     conn: &mut C,
     key: &str,
     base: &K,
 ) -> Result<(i64, i64), StoreError> {
     let mut cmd = redis::cmd("EVAL");
-    cmd.arg(SOURCE).arg(1).arg(key);
+    if key.is_empty() {
+        cmd.arg(SOURCE).arg(0);
+    } else {
+        cmd.arg(SOURCE).arg(1).arg(key);
+    }
     let mut best: Option<(i64, i64)> = None;
     for _ in 0..SAMPLES {
         let sent = Instant::now();
@@ -381,7 +441,18 @@ async fn measure<C: ConnectionLike, K: Clock>(
             best = Some((offset, rtt_us));
         }
     }
-    best.ok_or_else(|| StoreError::Backend(BackendError::new("no TIME sample was taken", None)))
+    best.map(|(offset, rtt)| {
+        let half = rtt / 2;
+        let proven = if offset > half {
+            offset - half
+        } else if offset < -half {
+            offset + half
+        } else {
+            0
+        };
+        (proven, rtt)
+    })
+    .ok_or_else(|| StoreError::Backend(BackendError::new("no TIME sample was taken", None)))
 }
 
 impl<K: Clock> Clock for ServerClock<K> {

@@ -302,9 +302,11 @@ fn admin(port: u16, args: &[&str]) {
 
 /// The warnings the clock logged, as `message error` lines.
 fn clock_warnings(logs: &crate::support::logs::Captured) -> Vec<String> {
-    logs.messages("burstgate::clock::server")
+    logs.messages("burstgate::redis")
         .into_iter()
-        .filter(|(level, _)| *level == tracing::Level::WARN)
+        .filter(|(level, message)| {
+            *level == tracing::Level::WARN && message.contains("clock's offset")
+        })
         .map(|(_, message)| message)
         .collect()
 }

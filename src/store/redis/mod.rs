@@ -235,11 +235,13 @@ impl RedisStore<redis::aio::ConnectionManager, ServerClock> {
     ///
     /// The store's clock is a [`ServerClock`] on this connection, as [`new`](RedisStore::new)
     /// gives, except that `connect` makes its first measurement before it returns, so that the
-    /// store's first decision is already on the shared time. A first measurement that fails or
-    /// takes over a second (Redis answers the connection but not the script: an ACL without
-    /// `+eval`, a stall) is logged at `warn`, and the store starts on the system clock and goes
-    /// on measuring every second until one succeeds. The measurements follow the connection the
-    /// store replaces after a failover.
+    /// store's first decision is already on the shared time; that first measurement names no
+    /// key (one node answers it), so an ACL user confined to the store's prefix is enough. A
+    /// first measurement that fails or takes over a second (Redis answers the connection but not
+    /// the measurement: a stall, a proxy that passes no scripts) is logged at `warn`, and the
+    /// store starts on the system clock and measures again from its first call, every second
+    /// until one succeeds. The measurements follow the connection the store replaces after a
+    /// failover.
     ///
     /// Fails when the URL is invalid or the first connection cannot be made.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
@@ -269,7 +271,8 @@ impl RedisStore<redis::aio::ConnectionManager, ServerClock> {
             .map_err(backend("could not connect to Redis"))?;
         let reconnect = Arc::new(Reconnect::new(conn.clone(), Box::new(open)));
         let key = clock_key(DEFAULT_PREFIX);
-        let first = server::first_measurement(&mut conn, &key, FIRST_MEASUREMENT_WITHIN).await;
+        // One node behind a ConnectionManager: no key to route by, and none an ACL must allow.
+        let first = server::first_measurement(&mut conn, "", FIRST_MEASUREMENT_WITHIN).await;
         let current = Arc::clone(&reconnect);
         let clock = ServerClock::start(
             Arc::new(move || current.current()),
@@ -277,6 +280,7 @@ impl RedisStore<redis::aio::ConnectionManager, ServerClock> {
             crate::SystemClock,
             server::DEFAULT_EVERY,
             first,
+            first.is_none(),
         );
         reconnect.on_replaced(clock.remeasure_hook());
         Ok(Self::assemble(conn, Some(reconnect), clock))
@@ -322,6 +326,7 @@ where
             crate::SystemClock,
             server::DEFAULT_EVERY,
             None,
+            false,
         );
         Self::assemble(conn, None, clock)
     }
@@ -379,7 +384,9 @@ where
 
     /// Reads the time from `clock` instead of the store's own [`ServerClock`], whose
     /// measurements then stop (once no clone of the store holds it). For tests
-    /// ([`ManualClock`](crate::ManualClock)), and for users who bring their own shared time;
+    /// ([`ManualClock`](crate::ManualClock); under tokio's paused time,
+    /// [`TokioClock`](crate::TokioClock), since the store's own clock would measure on virtual
+    /// time), and for users who bring their own shared time;
     /// `with_clock(SystemClock)` counts this host's clock alone, as stores did before the shared
     /// time was the default.
     #[must_use]
