@@ -16,7 +16,7 @@ pub(crate) fn hash(hasher: &DefaultHashBuilder, key: &[u8]) -> u64 {
 /// (Fibonacci hashing), which depend on every bit of the hash. The tables inside a shard use the
 /// hash's low bits (and `MemoryStore`'s new-keys table its top seven); the bits in between, taken
 /// as they are, spread keys that differ in a digit or two (`client-17`, `client-18`) unevenly for
-/// some seeds of the hasher (docs/DESIGN.md#history says how unevenly).
+/// some seeds of the hasher (docs/HISTORY.md says how unevenly).
 ///
 /// `count` must be a power of two, at least two.
 pub(crate) fn index(hash: u64, count: usize) -> usize {

@@ -423,7 +423,7 @@ fn threads_racing_on_shared_buckets_admit_exactly_the_burst() {
 /// statistic of a thousand such keys over `n` shards follows a chi-squared distribution with
 /// `n - 1` degrees of freedom, which passes its mean plus 12 standard deviations with a
 /// chance below 10^-9 (16 shards: 80.7; 64 shards: 198). The hash's bits taken as they are,
-/// from bit 32 on, fail it for some seeds (docs/DESIGN.md#history says how often).
+/// from bit 32 on, fail it for some seeds (docs/HISTORY.md says how often).
 #[test]
 fn similar_keys_spread_over_the_shards_as_random_ones() {
     for _ in 0..200 {
