@@ -194,18 +194,7 @@
 //!
 //! # Feature flags
 //!
-//! | Feature   | Default | What it enables |
-//! |-----------|---------|-----------------|
-//! | `redis`   | yes     | [`RedisStore`], on redis-rs with tokio. |
-//! | `tower`   | no      | The tower layer `RateLimitLayer` in [`layer`], for HTTP services (axum, hyper, tonic, tower-http clients). |
-//! | `axum`    | no      | Lets [`layer::KeyExtractor::peer_ip`] and [`layer::KeyExtractor::client_ip`] read axum's `ConnectInfo<SocketAddr>`, and makes [`layer::RateLimitInfo`] an extractor; implies `tower`. |
-//! | `metrics` | no      | Counters, a histogram and gauges through the `metrics` facade, listed in [`metrics`](mod@metrics). |
-//! | `reqwest` | no      | The reqwest-middleware `RateLimitMiddleware` in [`middleware`], for clients of rate-limited APIs. |
-//! | `seller`  | no      | The [`seller`] module: one seller API's published limits as ready routes for the middleware; implies `reqwest`. |
-//! | `retry`   | no      | [`middleware::RetryStrategy`]: how reqwest-retry retries the middleware's errors (the local 429, store failures); implies `reqwest`. |
-//! | `quanta`  | no      | [`QuantaClock`], a cheaper clock for [`MemoryStore`], on the quanta crate's CPU counter. |
-//! | `tls`     | no      | `rediss://` URLs for [`RedisStore`], through redis-rs's own rustls support with the ring crypto provider; implies `redis`. |
-//! | `serde`   | no      | `Serialize`/`Deserialize` for [`Limit`] and the middleware's `Ticket`, as their text forms. |
+#![doc = document_features::document_features!()]
 //!
 //! Without any feature, the crate is [`MemoryStore`] and the types around it.
 //!
