@@ -1,5 +1,7 @@
-//! Every error the crate returns, in one place: a refused input (a key, a name, a limit), a
-//! store that could not decide, and the rejection both front ends report.
+//! The core's errors: a refused input (a key, a name, a limit), a store that could not decide,
+//! and the rejection both front ends report. Each front end keeps its own errors beside it
+//! (`layer::InvalidProxy`, `layer::MissingRateLimitInfo`, `middleware::TicketError`,
+//! `middleware::InvalidRoute`, `seller::TableError`).
 
 use std::error::Error as StdError;
 use std::fmt;
@@ -65,19 +67,17 @@ impl fmt::Display for RateLimited {
 
 impl StdError for RateLimited {}
 
-/// Why a bucket name, a key, a key prefix, a route or a key secret was refused.
+/// Why a bucket name, a key, a key prefix or a key secret was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum InvalidKey {
-    /// A bucket name (of a [`BucketKey`](crate::BucketKey), a [`BucketName`](crate::BucketName),
-    /// a layer rule or a middleware route) broke the naming rule.
+    /// A bucket name (of a [`BucketKey`](crate::BucketKey), a [`BucketName`](crate::BucketName)
+    /// or a layer rule) broke the naming rule.
     BucketName(InvalidName),
     /// The key was empty.
     EmptyKey,
     /// A store's key prefix broke the naming rule.
     Prefix(InvalidName),
-    /// A middleware route's path pattern did not start with `/`.
-    RoutePath,
     /// A [`KeySecret`](crate::KeySecret) was shorter than 16 bytes.
     ShortSecret,
 }
@@ -88,7 +88,6 @@ impl fmt::Display for InvalidKey {
             Self::BucketName(why) => write!(f, "invalid bucket name: {why}"),
             Self::EmptyKey => f.write_str("a bucket key must not be empty"),
             Self::Prefix(why) => write!(f, "invalid key prefix: {why}"),
-            Self::RoutePath => f.write_str("a route's path pattern must start with '/'"),
             Self::ShortSecret => f.write_str("a key secret must be at least 16 bytes"),
         }
     }
@@ -433,176 +432,3 @@ impl StdError for BackendError {
             .map(|e| e as &(dyn StdError + 'static))
     }
 }
-
-#[cfg(feature = "tower")]
-/// Why [`TrustedProxies::new`](crate::layer::TrustedProxies::new) refused a network.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum InvalidProxy {
-    /// Entry number `index` (from 0) is neither an IP address nor a network in CIDR notation.
-    Syntax {
-        /// The entry's position in the list.
-        index: usize,
-    },
-    /// Entry number `index` (from 0) has bits set past its prefix length, such as
-    /// `10.0.0.1/8`: write the network (`10.0.0.0/8`) or the address alone (`10.0.0.1`).
-    HostBits {
-        /// The entry's position in the list.
-        index: usize,
-    },
-    /// Entry number `index` (from 0) is every address (`0.0.0.0/0`, `::/0`, or `::ffff:0:0/96`,
-    /// every IPv4-mapped one): trusting every peer would let any client name its own bucket in
-    /// the header. Use [`KeyExtractor::peer_ip`](crate::layer::KeyExtractor::peer_ip) if there is no
-    /// proxy, or list the proxies' networks.
-    Everyone {
-        /// The entry's position in the list.
-        index: usize,
-    },
-}
-
-#[cfg(feature = "tower")]
-impl fmt::Display for InvalidProxy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Syntax { index } => write!(
-                f,
-                "trusted proxy {index} is neither an ip address nor a cidr network"
-            ),
-            Self::HostBits { index } => write!(
-                f,
-                "trusted proxy {index} has bits set past its prefix length"
-            ),
-            Self::Everyone { index } => write!(
-                f,
-                "trusted proxy {index} is every address, which would let clients choose their key"
-            ),
-        }
-    }
-}
-
-#[cfg(feature = "tower")]
-impl StdError for InvalidProxy {}
-
-#[cfg(feature = "seller")]
-/// Why [`limit_from_table`](crate::seller::limit_from_table) refused a row of the limits table.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum TableError {
-    /// The period, limit or burst do not make a valid [`Limit`](crate::Limit).
-    Limit(InvalidLimit),
-    /// The interval column is not `period / limit`.
-    Inconsistent {
-        /// The period column.
-        period: Duration,
-        /// The limit column (requests per period).
-        limit: u32,
-        /// The interval column.
-        interval: Duration,
-    },
-}
-
-#[cfg(feature = "seller")]
-impl fmt::Display for TableError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Limit(e) => fmt::Display::fmt(e, f),
-            Self::Inconsistent {
-                period,
-                limit,
-                interval,
-            } => write!(
-                f,
-                "an interval of {interval:?} does not match {limit} requests per {period:?}"
-            ),
-        }
-    }
-}
-
-#[cfg(feature = "seller")]
-impl StdError for TableError {}
-
-#[cfg(feature = "seller")]
-impl From<InvalidLimit> for TableError {
-    fn from(e: InvalidLimit) -> Self {
-        Self::Limit(e)
-    }
-}
-
-/// The rejection of the [`RateLimitInfo`](crate::layer::RateLimitInfo) extractor when the
-/// request carries no decision: no [`RateLimitLayer`](crate::RateLimitLayer) is in front of the
-/// handler, or no rule applied to the request. Answered `500 Internal Server Error`; extract
-/// `Option<RateLimitInfo>` where no rule applying is expected.
-#[cfg(feature = "axum")]
-#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct MissingRateLimitInfo;
-
-#[cfg(feature = "axum")]
-impl fmt::Display for MissingRateLimitInfo {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(
-            "no rate limit decision in the request: no RateLimitLayer in front of this handler, \
-             or no rule applied",
-        )
-    }
-}
-
-#[cfg(feature = "axum")]
-impl std::error::Error for MissingRateLimitInfo {}
-
-#[cfg(feature = "axum")]
-impl axum::response::IntoResponse for MissingRateLimitInfo {
-    fn into_response(self) -> axum::response::Response {
-        (http::StatusCode::INTERNAL_SERVER_ERROR, self.to_string()).into_response()
-    }
-}
-
-/// Why a [`Ticket`](crate::middleware::Ticket) could not be read or used.
-#[cfg(feature = "reqwest")]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum TicketError {
-    /// The text is not a ticket's (see the ticket's `Display`).
-    Malformed,
-    /// The ticket was booked in another bucket, or for another account, than the request it
-    /// came with draws from: it cannot stand for that request's turn.
-    OtherBucket,
-    /// No route of the middleware draws from the ticket's bucket, so it has no limit to give
-    /// the ticket's tokens back under.
-    NoRoute,
-    /// The ticket's signature is not the middleware's: it was written or changed by someone
-    /// else, or signed by a middleware with another secret (see `key_secret`).
-    Forged,
-    /// The ticket was sent, or cancelled, already, here or in another process.
-    Spent,
-    /// The ticket's turn is more than its grace past (one token period per token of its
-    /// cost): sent now, it would go with the turns booked after it. Or the store no longer
-    /// holds its booking (lost in a flush, a restart without persistence or a failover), so it
-    /// cannot tell whether the ticket went already. Its tokens stay spent; book again.
-    Expired,
-    /// The request costs more tokens than the ticket booked.
-    TooCostly,
-}
-
-#[cfg(feature = "reqwest")]
-impl fmt::Display for TicketError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Malformed => "not a burstgate ticket",
-            Self::OtherBucket => {
-                "the ticket was booked for another bucket or account than the request's"
-            }
-            Self::NoRoute => "no route draws from the ticket's bucket",
-            Self::Forged => "the ticket's signature is not this middleware's",
-            Self::Spent => "the ticket was sent or cancelled already",
-            Self::Expired => {
-                "the ticket's turn is past its grace, or the store no longer holds its booking; book again"
-            }
-            Self::TooCostly => "the request costs more tokens than the ticket booked",
-        })
-    }
-}
-
-#[cfg(feature = "reqwest")]
-impl StdError for TicketError {}

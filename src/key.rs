@@ -46,7 +46,12 @@ pub struct BucketName(Arc<str>);
 impl BucketName {
     /// `name`, if it is 1 to 64 bytes of ASCII letters, digits, `_`, `.` and `-`.
     pub fn new(name: &str) -> Result<Self, InvalidKey> {
-        check_name(name).map_err(InvalidKey::BucketName)?;
+        Self::checked(name).map_err(InvalidKey::BucketName)
+    }
+
+    /// `name`, or what is wrong with it, for the errors of other front ends.
+    pub(crate) fn checked(name: &str) -> Result<Self, InvalidName> {
+        check_name(name)?;
         Ok(Self(Arc::from(name)))
     }
 

@@ -278,9 +278,6 @@ pub use clock::QuantaClock;
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use clock::ServerClock;
 pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
-#[cfg(feature = "axum")]
-#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
-pub use error::MissingRateLimitInfo;
 pub use error::{
     BackendError, InvalidKey, InvalidLimit, InvalidName, ParseLimitError, RateLimited, StoreError,
 };

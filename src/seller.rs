@@ -67,14 +67,15 @@
 //! a 429 is expensive, a reason to run with a small [margin](Group::margin) rather than
 //! exactly at the published rate.
 
+use std::error::Error as StdError;
+use std::fmt;
 use std::time::Duration;
 
 use http::Method;
 
-pub use crate::error::TableError;
 use crate::key::check_name;
-use crate::middleware::Route;
-use crate::{InvalidKey, InvalidLimit, Limit};
+use crate::middleware::{InvalidRoute, Route};
+use crate::{InvalidLimit, Limit};
 
 /// A [`Limit`] from the four columns the API's limits table publishes: `limit` requests per
 /// `period`, one every `interval`, with `burst`.
@@ -202,8 +203,8 @@ impl Group {
     ///
     /// Fails when `token_type` is not a valid name (1 to 64 ASCII letters, digits, `_`, `.` or
     /// `-`), or when the bucket name is longer than 64 bytes.
-    pub fn route(&self, token_type: &str) -> Result<Route, InvalidKey> {
-        check_name(token_type).map_err(InvalidKey::BucketName)?;
+    pub fn route(&self, token_type: &str) -> Result<Route, InvalidRoute> {
+        check_name(token_type).map_err(InvalidRoute::BucketName)?;
         let bucket = format!("{token_type}-{}", self.name());
         self.template.clone().renamed(&bucket)
     }
@@ -284,8 +285,49 @@ pub fn groups() -> Vec<Group> {
 /// Build one set per token type the program uses; the account is taken per request by the
 /// middleware (see the [module docs](self#keyed-by-token-type-and-account)). Fails as
 /// [`Group::route`] does.
-pub fn routes(token_type: &str, groups: &[Group]) -> Result<Vec<Route>, InvalidKey> {
+pub fn routes(token_type: &str, groups: &[Group]) -> Result<Vec<Route>, InvalidRoute> {
     groups.iter().map(|g| g.route(token_type)).collect()
+}
+
+/// Why [`limit_from_table`](crate::seller::limit_from_table) refused a row of the limits table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TableError {
+    /// The period, limit or burst do not make a valid [`Limit`](crate::Limit).
+    Limit(InvalidLimit),
+    /// The interval column is not `period / limit`.
+    Inconsistent {
+        /// The period column.
+        period: Duration,
+        /// The limit column (requests per period).
+        limit: u32,
+        /// The interval column.
+        interval: Duration,
+    },
+}
+
+impl fmt::Display for TableError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Limit(e) => fmt::Display::fmt(e, f),
+            Self::Inconsistent {
+                period,
+                limit,
+                interval,
+            } => write!(
+                f,
+                "an interval of {interval:?} does not match {limit} requests per {period:?}"
+            ),
+        }
+    }
+}
+
+impl StdError for TableError {}
+
+impl From<InvalidLimit> for TableError {
+    fn from(e: InvalidLimit) -> Self {
+        Self::Limit(e)
+    }
 }
 
 #[cfg(test)]
@@ -511,7 +553,7 @@ mod tests {
     fn bad_names_token_types_and_paths_are_refused() {
         let l = limit(1, MINUTE, 1);
         let bad = |index, byte| {
-            Err(InvalidKey::BucketName(InvalidName::Character {
+            Err(InvalidRoute::BucketName(InvalidName::Character {
                 index,
                 byte,
             }))
@@ -519,7 +561,7 @@ mod tests {
         // A group's name is its template's bucket name.
         let group = |name: &str, path: &str| Route::new(name, l, path).map(Group::new);
         assert_eq!(group("a b", "/x").map(drop), bad(1, b' '));
-        let empty = Err(InvalidKey::BucketName(InvalidName::Empty));
+        let empty = Err(InvalidRoute::BucketName(InvalidName::Empty));
         assert_eq!(group("", "/x").map(drop), empty);
         assert_eq!(routes("", &groups()).map(drop), empty);
         assert_eq!(routes("per:sonal", &groups()).map(drop), bad(3, b':'));
@@ -527,11 +569,11 @@ mod tests {
         let long = group(&"g".repeat(40), "/x").expect("a valid group");
         assert_eq!(
             long.route(&"t".repeat(40)).map(drop),
-            Err(InvalidKey::BucketName(InvalidName::TooLong { len: 81 }))
+            Err(InvalidRoute::BucketName(InvalidName::TooLong { len: 81 }))
         );
         assert_eq!(
             group("orders", "api/v1/supplier/orders"),
-            Err(InvalidKey::RoutePath)
+            Err(InvalidRoute::Path)
         );
     }
 

@@ -1,5 +1,7 @@
 //! The decision on an admitted request, handed to the handler through the request's extensions.
 
+#[cfg(feature = "axum")]
+use std::fmt;
 use std::time::Duration;
 
 use crate::{BucketName, Limit};
@@ -73,8 +75,7 @@ mod extract {
     use axum::extract::{FromRequestParts, OptionalFromRequestParts};
     use http::request::Parts;
 
-    use super::RateLimitInfo;
-    use crate::error::MissingRateLimitInfo;
+    use super::{MissingRateLimitInfo, RateLimitInfo};
 
     impl<S: Send + Sync> FromRequestParts<S> for RateLimitInfo {
         type Rejection = MissingRateLimitInfo;
@@ -97,5 +98,35 @@ mod extract {
         ) -> Result<Option<Self>, Self::Rejection> {
             Ok(parts.extensions.get::<RateLimitInfo>().cloned())
         }
+    }
+}
+
+/// The rejection of the [`RateLimitInfo`](crate::layer::RateLimitInfo) extractor when the
+/// request carries no decision: no [`RateLimitLayer`](crate::RateLimitLayer) is in front of the
+/// handler, or no rule applied to the request. Answered `500 Internal Server Error`; extract
+/// `Option<RateLimitInfo>` where no rule applying is expected.
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MissingRateLimitInfo;
+
+#[cfg(feature = "axum")]
+impl fmt::Display for MissingRateLimitInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(
+            "no rate limit decision in the request: no RateLimitLayer in front of this handler, \
+             or no rule applied",
+        )
+    }
+}
+
+#[cfg(feature = "axum")]
+impl std::error::Error for MissingRateLimitInfo {}
+
+#[cfg(feature = "axum")]
+impl axum::response::IntoResponse for MissingRateLimitInfo {
+    fn into_response(self) -> axum::response::Response {
+        (http::StatusCode::INTERNAL_SERVER_ERROR, self.to_string()).into_response()
     }
 }

@@ -21,6 +21,9 @@ mod service;
 pub use self::body::ResponseBody;
 pub use self::future::ResponseFuture;
 pub use self::headers::FieldVersion;
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+pub use self::info::MissingRateLimitInfo;
 pub use self::info::RateLimitInfo;
 pub use self::ip::Ipv6Prefix;
 pub use self::layer::RateLimitLayer;

@@ -1,6 +1,7 @@
 //! The client behind trusted proxies: the peer's address, or the nearest untrusted address the
 //! proxies' forwarded-for header names.
 
+use std::error::Error as StdError;
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
@@ -9,7 +10,6 @@ use http::{HeaderMap, HeaderName};
 use ipnet::{IpNet, Ipv4Net};
 
 use super::ip::canonical;
-pub use crate::error::InvalidProxy;
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
@@ -376,6 +376,52 @@ fn unquote<'b>(value: &[u8], buf: &'b mut [u8; 64]) -> Option<&'b str> {
     }
     std::str::from_utf8(buf.get(..len)?).ok()
 }
+
+/// Why [`TrustedProxies::new`](crate::layer::TrustedProxies::new) refused a network.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum InvalidProxy {
+    /// Entry number `index` (from 0) is neither an IP address nor a network in CIDR notation.
+    Syntax {
+        /// The entry's position in the list.
+        index: usize,
+    },
+    /// Entry number `index` (from 0) has bits set past its prefix length, such as
+    /// `10.0.0.1/8`: write the network (`10.0.0.0/8`) or the address alone (`10.0.0.1`).
+    HostBits {
+        /// The entry's position in the list.
+        index: usize,
+    },
+    /// Entry number `index` (from 0) is every address (`0.0.0.0/0`, `::/0`, or `::ffff:0:0/96`,
+    /// every IPv4-mapped one): trusting every peer would let any client name its own bucket in
+    /// the header. Use [`KeyExtractor::peer_ip`](crate::layer::KeyExtractor::peer_ip) if there is no
+    /// proxy, or list the proxies' networks.
+    Everyone {
+        /// The entry's position in the list.
+        index: usize,
+    },
+}
+
+impl fmt::Display for InvalidProxy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Syntax { index } => write!(
+                f,
+                "trusted proxy {index} is neither an ip address nor a cidr network"
+            ),
+            Self::HostBits { index } => write!(
+                f,
+                "trusted proxy {index} has bits set past its prefix length"
+            ),
+            Self::Everyone { index } => write!(
+                f,
+                "trusted proxy {index} is every address, which would let clients choose their key"
+            ),
+        }
+    }
+}
+
+impl StdError for InvalidProxy {}
 
 #[cfg(test)]
 mod tests {

@@ -18,9 +18,8 @@ pub use self::cost::Cost;
 #[cfg(feature = "retry")]
 #[cfg_attr(docsrs, doc(cfg(feature = "retry")))]
 pub use self::retry::{Local429, RetryStrategy};
-pub use self::route::Route;
-pub use self::ticket::Ticket;
-pub use crate::error::TicketError;
+pub use self::route::{InvalidRoute, Route};
+pub use self::ticket::{Ticket, TicketError};
 
 use std::fmt;
 use std::num::NonZeroU32;

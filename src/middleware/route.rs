@@ -2,9 +2,10 @@
 //! are matched against it.
 
 use http::Method;
+use std::fmt;
 
 use super::path;
-use crate::{BucketName, InvalidKey, Limit};
+use crate::{BucketName, InvalidName, Limit};
 
 /// Which requests draw from which bucket: a bucket name, a [`Limit`], and a pattern of method,
 /// host and path.
@@ -72,10 +73,10 @@ enum Segment {
 impl Route {
     /// Requests whose path matches `path` draw from bucket `bucket` (1 to 64 ASCII letters,
     /// digits, `_`, `.` or `-`), under `limit`. The path must start with `/`.
-    pub fn new(bucket: &str, limit: Limit, path: &str) -> Result<Self, InvalidKey> {
-        let bucket = BucketName::new(bucket)?;
+    pub fn new(bucket: &str, limit: Limit, path: &str) -> Result<Self, InvalidRoute> {
+        let bucket = BucketName::checked(bucket).map_err(InvalidRoute::BucketName)?;
         if !path.starts_with('/') {
-            return Err(InvalidKey::RoutePath);
+            return Err(InvalidRoute::Path);
         }
         let normalized = path::normalize(path);
         let segments: Vec<&str> = normalized.split('/').filter(|s| !s.is_empty()).collect();
@@ -145,9 +146,9 @@ impl Route {
 
     /// The same route drawing from bucket `bucket`, refused as [`Route::new`] refuses a name.
     #[cfg(feature = "seller")]
-    pub(crate) fn renamed(self, bucket: &str) -> Result<Self, InvalidKey> {
+    pub(crate) fn renamed(self, bucket: &str) -> Result<Self, InvalidRoute> {
         Ok(Self {
-            bucket: BucketName::new(bucket)?,
+            bucket: BucketName::checked(bucket).map_err(InvalidRoute::BucketName)?,
             ..self
         })
     }
@@ -206,3 +207,24 @@ impl Route {
         parts.next().is_none()
     }
 }
+
+/// Why a [`Route`] was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum InvalidRoute {
+    /// The route's bucket name broke the naming rule.
+    BucketName(InvalidName),
+    /// The path pattern did not start with `/`.
+    Path,
+}
+
+impl fmt::Display for InvalidRoute {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::BucketName(why) => write!(f, "invalid bucket name: {why}"),
+            Self::Path => f.write_str("a route's path pattern must start with '/'"),
+        }
+    }
+}
+
+impl std::error::Error for InvalidRoute {}

@@ -11,7 +11,7 @@ use http::{HeaderMap, Method, StatusCode};
 use proptest::prelude::*;
 
 use super::backoff::{RetryValue, parse_retry, upstream_retry};
-use crate::{BucketName, InvalidKey, ManualClock, MemoryStore};
+use crate::{BucketName, ManualClock, MemoryStore};
 
 fn name(name: &str) -> BucketName {
     BucketName::new(name).expect("a valid bucket name")
@@ -77,14 +77,16 @@ fn routes_match_method_host_and_path_patterns() {
     assert!(!rest.matches_url(&Method::POST, &url("https://other.example/api/a")));
     assert_eq!(
         Route::new("bad name", limit, "/").map(drop),
-        Err(InvalidKey::BucketName(crate::InvalidName::Character {
-            index: 3,
-            byte: b' '
-        }))
+        Err(crate::middleware::InvalidRoute::BucketName(
+            crate::InvalidName::Character {
+                index: 3,
+                byte: b' '
+            }
+        ))
     );
     assert_eq!(
         Route::new("x", limit, "no-slash").map(drop),
-        Err(InvalidKey::RoutePath)
+        Err(crate::middleware::InvalidRoute::Path)
     );
 }
 

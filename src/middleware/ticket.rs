@@ -1,10 +1,10 @@
 //! [`Ticket`]: a turn booked in a shared bucket, held by a job queue as plain data.
 
+use std::error::Error as StdError;
 use std::fmt;
 use std::str::FromStr;
 use std::time::{Duration, SystemTime};
 
-use crate::error::TicketError;
 use crate::store::Source;
 use crate::{BucketKey, KeySecret, Reservation};
 
@@ -320,6 +320,52 @@ impl fmt::Debug for Ticket {
 }
 
 crate::text::serde_as_text!(Ticket, "a burstgate ticket");
+
+/// Why a [`Ticket`](crate::middleware::Ticket) could not be read or used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TicketError {
+    /// The text is not a ticket's (see the ticket's `Display`).
+    Malformed,
+    /// The ticket was booked in another bucket, or for another account, than the request it
+    /// came with draws from: it cannot stand for that request's turn.
+    OtherBucket,
+    /// No route of the middleware draws from the ticket's bucket, so it has no limit to give
+    /// the ticket's tokens back under.
+    NoRoute,
+    /// The ticket's signature is not the middleware's: it was written or changed by someone
+    /// else, or signed by a middleware with another secret (see `key_secret`).
+    Forged,
+    /// The ticket was sent, or cancelled, already, here or in another process.
+    Spent,
+    /// The ticket's turn is more than its grace past (one token period per token of its
+    /// cost): sent now, it would go with the turns booked after it. Or the store no longer
+    /// holds its booking (lost in a flush, a restart without persistence or a failover), so it
+    /// cannot tell whether the ticket went already. Its tokens stay spent; book again.
+    Expired,
+    /// The request costs more tokens than the ticket booked.
+    TooCostly,
+}
+
+impl fmt::Display for TicketError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Malformed => "not a burstgate ticket",
+            Self::OtherBucket => {
+                "the ticket was booked for another bucket or account than the request's"
+            }
+            Self::NoRoute => "no route draws from the ticket's bucket",
+            Self::Forged => "the ticket's signature is not this middleware's",
+            Self::Spent => "the ticket was sent or cancelled already",
+            Self::Expired => {
+                "the ticket's turn is past its grace, or the store no longer holds its booking; book again"
+            }
+            Self::TooCostly => "the request costs more tokens than the ticket booked",
+        })
+    }
+}
+
+impl StdError for TicketError {}
 
 #[cfg(test)]
 mod tests {
