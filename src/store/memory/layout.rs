@@ -60,8 +60,7 @@ impl Layout {
             .max(1)
             .saturating_mul(SHARDS_PER_THREAD)
             .max(bound.div_ceil(MAX_BUCKETS_PER_SHARD))
-            .max(MIN_SHARDS)
-            .min(MAX_SHARDS)
+            .clamp(MIN_SHARDS, MAX_SHARDS)
             .next_power_of_two();
         let room = match bound / MIN_SHARE {
             0 => 1,
