@@ -16,7 +16,7 @@ const MIN_SHARDS: usize = 16;
 
 /// The most shards a store has (8 MB of them), however large its bound: the shards are made up
 /// front, so a bound mistyped by a few orders of magnitude must not allocate gigabytes.
-pub(super) const MAX_SHARDS: usize = 1 << 16;
+const MAX_SHARDS: usize = 1 << 16;
 
 /// How many buckets a shard should hold at most, which sets the shard count of a large store: a
 /// rebuild copies one shard under its lock, and decisions on that shard's keys wait for it, so
@@ -26,7 +26,7 @@ const MAX_BUCKETS_PER_SHARD: usize = 4_096;
 /// The smallest share of the bound a shard gets when there are several: below it, the headroom
 /// a shard needs for keys that spread unevenly ([`headroom`]) is too large a part of its share,
 /// and a store of one shard, whose bound is exact, is the better trade.
-pub(super) const MIN_SHARE: usize = 1_024;
+const MIN_SHARE: usize = 1_024;
 
 /// How many standard deviations of a shard's count of keys its headroom covers: eight, so that
 /// a shard is full before the store with a chance below 10^-12 (docs/DESIGN.md#the-bound).
