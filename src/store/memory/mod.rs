@@ -142,8 +142,6 @@ struct Inner {
     hasher: DefaultHashBuilder,
     /// The most buckets each shard holds.
     shard_cap: usize,
-    /// The most buckets the store holds (`Layout::max_buckets`).
-    max_buckets: usize,
     halts: halts::Halts,
     /// Spent one-time marks ([`BucketStore::claim`]), by bucket key and id, with the time (ms on
     /// the store's clock) until which each is kept.
@@ -231,7 +229,6 @@ impl<C: Clock> MemoryStore<C> {
                 shards,
                 hasher: DefaultHashBuilder::default(),
                 shard_cap: layout.shard_cap,
-                max_buckets: layout.max_buckets(),
                 halts: halts::Halts::new(),
                 claims: std::sync::Mutex::default(),
             }),
@@ -242,7 +239,11 @@ impl<C: Clock> MemoryStore<C> {
     /// The most buckets the store holds: each shard's most, times the shards (see
     /// [`bounded`](Self::bounded)); `usize::MAX` if that is more.
     pub fn max_buckets(&self) -> usize {
-        self.inner.max_buckets
+        Layout {
+            shards: self.inner.shards.len(),
+            shard_cap: self.inner.shard_cap,
+        }
+        .max_buckets()
     }
 
     /// The error of a new key that found its shard full of buckets in debt; out of line, so that
