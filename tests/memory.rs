@@ -32,15 +32,15 @@ fn fresh_keys() -> usize {
     16 * shards()
 }
 
-/// The store's shard count, as `MemoryStore` sizes it: 8 per thread the machine runs, or one
-/// per 4,096 buckets of its bound (2^20 by default), whichever is more, rounded up to a power
-/// of two, at least 16.
+/// The store's shard count, as `MemoryStore::bounded` says it sizes it for the default bound of
+/// 2^20: 8 per thread the machine runs, or one per 4,096 buckets of the bound, whichever is
+/// more, rounded up to a power of two, but no more than leave each 1,024 of the bound.
 fn shards() -> usize {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     (threads * 8)
         .max((1 << 20) / 4_096)
         .next_power_of_two()
-        .max(16)
+        .min((1 << 20) / 1_024)
 }
 
 /// How far above its starting point the heap may stay once the buckets are gone: 1 MiB, and

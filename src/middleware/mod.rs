@@ -293,6 +293,10 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
     /// back (as every refund: only while no turn is booked after them) and the store's error is
     /// returned. On a [`RedisStore`](crate::RedisStore) that means no ticket is booked while
     /// Redis is unreachable, whatever the outage policy.
+    /// A request that more than [`MAX_TAKES`](crate::MAX_TAKES) routes match
+    /// is not booked, [`StoreError::TooManyAtOnce`], before any store call: a ticket's turns
+    /// are booked at one time, by one store call (send such a request instead, which takes its
+    /// buckets in turn).
     pub async fn reserve(
         &self,
         req: &Request,
@@ -301,6 +305,16 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
         let routes = self.routes_for(req);
         if routes.is_empty() {
             return Ok(None);
+        }
+        if routes.len() > crate::MAX_TAKES {
+            // A ticket books every bucket at one time, which one store call does and calls in
+            // turn cannot (see `take_in_turn`); and its text names at most that many.
+            return Err(reqwest_middleware::Error::middleware(
+                StoreError::TooManyAtOnce {
+                    count: routes.len(),
+                    max: crate::MAX_TAKES,
+                },
+            ));
         }
         let draws = self.draws(&routes, req, extensions);
         let max_wait = self.ceiling(&draws);

@@ -1,6 +1,7 @@
 //! Sending a request through the routes that match it: every one applies, and their buckets are
 //! taken at once, all or none ([`BucketStore::acquire_all`]), the request going at the latest of
-//! their times; one route's bucket is one plain decision.
+//! their times; one route's bucket is one plain decision, and more buckets than one call takes
+//! ([`MAX_TAKES`]) are taken in turn, each at the time the request goes.
 
 use std::time::Duration;
 
@@ -12,7 +13,9 @@ use super::{Cost, RateLimitMiddleware, Route, follow};
 use crate::cancel::{RefundGuard, acquire_all_detached};
 use crate::clock::Clock;
 use crate::error::BackendError;
-use crate::{BucketKey, BucketStore, Decision, Limit, RateLimited, Reservation, StoreError};
+use crate::{
+    BucketKey, BucketStore, Decision, Limit, MAX_TAKES, RateLimited, Reservation, StoreError,
+};
 
 /// One bucket a request draws from: a route that matches it, and the request's key, limit and
 /// cost there.
@@ -64,7 +67,8 @@ where
 
     /// Takes the tokens of every bucket at once, on a task of its own (the cancellation rule,
     /// `crate::cancel`): one decision per bucket, in order, all admitted or none. One bucket is
-    /// one plain `acquire`.
+    /// one plain `acquire`; more than [`MAX_TAKES`] are taken in turn
+    /// ([`take_in_turn`](Self::take_in_turn)).
     pub(super) async fn take_all(
         &self,
         draws: &[Draw<'_>],
@@ -76,6 +80,9 @@ where
                 .await
                 .map_err(reqwest_middleware::Error::middleware)?;
             return Ok(vec![decision]);
+        }
+        if draws.len() > MAX_TAKES {
+            return self.take_in_turn(draws, max_wait).await;
         }
         let buckets = draws
             .iter()
@@ -93,6 +100,64 @@ where
             )));
         }
         Ok(decisions)
+    }
+
+    /// Takes more buckets than one store call can, one call each, now or not at all: a bucket
+    /// that cannot serve the request now refuses it, what the buckets before it took goes back
+    /// (as every refund, only while nothing was booked behind it; else it stays spent, the safe
+    /// side), and the request comes back when that bucket could serve it, while that is within
+    /// `max_wait` of the first try. The decisions, in order, up to the last, which refused when
+    /// it did not admit; all admitted and none waiting otherwise.
+    ///
+    /// Never a reservation for later: calls in turn cannot debit every bucket at one time, and a
+    /// bucket debited for a slot earlier than the request goes would let its next request reach
+    /// the upstream sooner than its limit allows. The price is the queue: such a request holds
+    /// no place in one while it waits, so requests that reserve go first (docs/middleware.md,
+    /// "Several limits on one request").
+    async fn take_in_turn(
+        &self,
+        draws: &[Draw<'_>],
+        max_wait: Duration,
+    ) -> reqwest_middleware::Result<Vec<Decision>> {
+        let started = tokio::time::Instant::now();
+        loop {
+            // Gives back on drop too: a caller gone in the middle of the takes.
+            let mut guard = RefundGuard::new(self.store.clone());
+            let mut decisions = Vec::with_capacity(draws.len());
+            for d in draws {
+                let decision = match self.take(&d.key, d.limit, d.cost, Duration::ZERO).await {
+                    Ok(decision) => decision,
+                    Err(e) => {
+                        guard.refund_all().await;
+                        return Err(reqwest_middleware::Error::middleware(e));
+                    }
+                };
+                if let Some(reservation) = decision.reservation() {
+                    guard.push(d.key.clone(), d.limit, reservation);
+                }
+                let retry = decision.retry_after();
+                decisions.push(decision);
+                let Some(retry) = retry else { continue };
+                guard.refund_all().await;
+                if retry > max_wait.saturating_sub(started.elapsed()) {
+                    return Ok(decisions);
+                }
+                tracing::debug!(
+                    bucket = d.route.bucket(),
+                    key = %d.key.fingerprint(),
+                    buckets = draws.len(),
+                    retry_ms = retry.as_millis() as u64,
+                    "more buckets than one call takes: trying again when the refusing one allows"
+                );
+                // At least a millisecond, the store's unit, so that a refusal never spins.
+                tokio::time::sleep(retry.max(Duration::from_millis(1))).await;
+                break;
+            }
+            if decisions.len() == draws.len() && decisions.iter().all(Decision::is_admitted) {
+                guard.disarm();
+                return Ok(decisions);
+            }
+        }
     }
 
     /// The local 429 of a request on several buckets that was refused: the route whose time

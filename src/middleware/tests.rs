@@ -1976,3 +1976,91 @@ async fn a_ticket_of_two_buckets_is_refused_where_one_route_matches() {
     assert_eq!(ticket_error(&refused), Some(TicketError::OtherBucket));
     assert!(upstream.sent_ms(tokio::time::Instant::now()).is_empty());
 }
+
+/// Seventeen routes over every path, each of its own bucket: sixteen of an endpoint's kind (ten
+/// a second, burst 10) and the account's last (one every 2 s, burst 1), more than one store
+/// call takes ([`MAX_TAKES`](crate::MAX_TAKES)).
+fn seventeen_routes(
+    max_wait: Duration,
+) -> RateLimitMiddleware<MemoryStore<crate::TokioClock>, crate::TokioClock> {
+    let clock = crate::TokioClock::new();
+    let fast = Limit::per_second(10).expect("a valid limit");
+    let account = Limit::new(1, Duration::from_secs(2)).expect("a valid limit");
+    let routes = (0..16)
+        .map(|i| Route::new(&format!("r{i}"), fast, "/**").expect("a route"))
+        .chain([Route::new("account", account, "/**").expect("a route")]);
+    RateLimitMiddleware::new(MemoryStore::with_clock(clock))
+        .with_clock(clock)
+        .routes(routes)
+        .max_wait(max_wait)
+}
+
+/// A request that more than sixteen routes matched failed on every call: its buckets went to one
+/// store call, which takes at most sixteen. It is served: every bucket is taken, in turn, at the
+/// time the request goes, the slowest route spacing the requests.
+#[tokio::test(start_paused = true)]
+async fn more_than_sixteen_routes_on_one_request_failed_every_call() {
+    let upstream = Reporting::new(|_| (StatusCode::OK, Vec::new()));
+    let limiter = seventeen_routes(Duration::from_secs(60));
+    let store = limiter.store.clone();
+    let sent = sends(limiter, &upstream, 3).await;
+    assert_eq!(sent, [0, 2_000, 4_000, 6_000]);
+    // Each request took one token of every bucket, no more: the last, at 6 s, one of ten.
+    let fast = Limit::per_second(10).expect("a valid limit");
+    for i in 0..16 {
+        let key = BucketKey::new(&format!("r{i}"), "seller-1").expect("a valid key");
+        let left = store.peek(&key, fast).await.expect("peeks");
+        assert_eq!(left.remaining(), 9, "bucket r{i}");
+    }
+}
+
+/// Refused on its last bucket, a request on more than sixteen gives back what the others took,
+/// and the local 429 names the bucket that refused, with its time.
+#[tokio::test(start_paused = true)]
+async fn more_than_sixteen_routes_refused_on_one_give_the_others_back() {
+    let upstream = Reporting::new(|_| (StatusCode::OK, Vec::new()));
+    let limiter = seventeen_routes(Duration::ZERO);
+    let store = limiter.store.clone();
+    let client = through(limiter, &upstream);
+    let start = tokio::time::Instant::now();
+    to(&client, "/orders").await;
+    let refused = client
+        .get("http://upstream.test/orders")
+        .with_extension(Account::new("seller-1"))
+        .send()
+        .await
+        .expect_err("a local 429");
+    let limited = rate_limited(&refused).expect("the local 429");
+    assert_eq!(limited.bucket(), "account");
+    assert_eq!(limited.retry_after(), Duration::from_secs(2));
+    let fast = Limit::per_second(10).expect("a valid limit");
+    for i in 0..16 {
+        let key = BucketKey::new(&format!("r{i}"), "seller-1").expect("a valid key");
+        let left = store.peek(&key, fast).await.expect("peeks");
+        assert_eq!(
+            left.remaining(),
+            9,
+            "bucket r{i}: the refused request's token came back"
+        );
+    }
+    assert_eq!(upstream.sent_ms(start), [0]);
+    // Booking such a request is refused, clearly: a ticket names at most sixteen buckets.
+    let request = reqwest::Client::new()
+        .get("http://upstream.test/orders")
+        .build()
+        .expect("a request");
+    let booked = seventeen_routes(Duration::ZERO)
+        .reserve(&request, &account("seller-1"))
+        .await
+        .expect_err("refused");
+    let reqwest_middleware::Error::Middleware(e) = &booked else {
+        panic!("{booked:?}");
+    };
+    assert!(
+        matches!(
+            e.downcast_ref::<StoreError>(),
+            Some(StoreError::TooManyAtOnce { count: 17, max: 16 })
+        ),
+        "{booked:?}"
+    );
+}

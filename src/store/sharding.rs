@@ -18,13 +18,13 @@ pub(crate) fn hash(hasher: &DefaultHashBuilder, key: &[u8]) -> u64 {
 /// as they are, spread keys that differ in a digit or two (`client-17`, `client-18`) unevenly for
 /// some seeds of the hasher (docs/HISTORY.md says how unevenly).
 ///
-/// `count` must be a power of two, at least two.
+/// `count` must be a power of two; one shard is index 0.
 pub(crate) fn index(hash: u64, count: usize) -> usize {
-    debug_assert!(count.is_power_of_two() && count >= 2);
+    debug_assert!(count.is_power_of_two());
     let mixed = hash.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    // With `count` a power of two of at least two, the shift (64 minus its log2) is below 64 and
-    // leaves an index below `count`.
-    (mixed >> (64 - count.trailing_zeros())) as usize
+    // The top log2(count) bits: a shift by 64 minus that, in two steps so that one shard (a
+    // shift of 64, which Rust refuses) shifts every bit out. Each step is below 64.
+    ((mixed >> 1) >> (63 - count.trailing_zeros())) as usize
 }
 
 #[cfg(test)]
@@ -49,6 +49,18 @@ mod tests {
             );
             // A fair spread of 200 per shard: within a binomial's few standard deviations.
             assert!(min >= 120 && max <= 290, "{count} shards: {min}..={max}");
+        }
+    }
+
+    /// One shard takes every key; more take the hash's top bits, the same as one shift would.
+    #[test]
+    fn one_shard_is_index_zero_and_more_take_the_top_bits() {
+        for hash in [0, 1, u64::MAX, 0x8000_0000_0000_0000, 0x1234_5678_9ABC_DEF0] {
+            assert_eq!(index(hash, 1), 0);
+            let mixed = hash.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            for bits in 1..=16 {
+                assert_eq!(index(hash, 1 << bits), (mixed >> (64 - bits)) as usize);
+            }
         }
     }
 }

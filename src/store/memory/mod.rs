@@ -1,6 +1,8 @@
 //! The in-process store: `MemoryStore`, its constructors and its `BucketStore` impl, and the
 //! decision's hot path (`with_bucket`). The pieces it is made of live beside it:
 //!
+//! - `layout.rs`: how many shards a store has, and how many buckets each holds, from its bound
+//!   and the machine's thread count;
 //! - `shard.rs`: a shard, its lock, its new keys and the decisions on them, its rebuilds and
 //!   what it forgets at its bound;
 //! - `table.rs`: a shard's table, never changed once made, and each bucket's own lock
@@ -35,6 +37,7 @@ use crate::{BucketKey, Limit};
 
 mod halts;
 mod key;
+mod layout;
 mod marks;
 mod shard;
 mod table;
@@ -43,30 +46,14 @@ mod view;
 #[cfg(test)]
 mod tests;
 
+use layout::Layout;
 use shard::{Full, Padded, Shard, lock};
 use table::Table;
 use view::{NEXT_STORE, VIEWS};
 
-/// Shards per thread the machine can run. A shard's lock is taken only for keys new to it, for
-/// a thread's first look at a table that has been replaced, and to replace the table, so a few
-/// per thread keep those waits rare.
-const SHARDS_PER_THREAD: usize = 8;
-
-/// The fewest shards a store has.
-const MIN_SHARDS: usize = 16;
-
-/// The most shards a store has (8 MB of them), however large its bound: the shards are made up
-/// front, so a bound mistyped by a few orders of magnitude must not allocate gigabytes.
-const MAX_SHARDS: usize = 1 << 16;
-
 /// The most buckets a store holds unless built with [`MemoryStore::bounded`] (what a bucket costs:
 /// the type's docs; what the default bound takes in all: docs/PERFORMANCE.md).
 const DEFAULT_MAX_BUCKETS: usize = 1 << 20;
-
-/// How many buckets a shard should hold at most, which sets the shard count of a large store: a
-/// rebuild copies one shard under its lock, and decisions on that shard's keys wait for it, so
-/// the shards are kept small enough that a rebuild is short whatever the store's bound.
-const MAX_BUCKETS_PER_SHARD: usize = 4_096;
 
 /// Buckets in this process's memory: the embedded default, and the store for unit tests.
 ///
@@ -76,8 +63,9 @@ const MAX_BUCKETS_PER_SHARD: usize = 4_096;
 /// deciding for different keys write to no memory in common and do not wait for each other.
 /// Cloning is cheap and clones share the buckets.
 ///
-/// Buckets are spread over shards (a power of two, 8 per thread the machine runs and at least
-/// 16). A key new to its shard waits in the shard's list of new keys, decided under the shard's
+/// Buckets are spread over shards (a power of two: 8 per thread the machine runs, at least 16,
+/// for a large bound; one for a bound below 2,048; see [`bounded`](Self::bounded)). A key new to
+/// its shard waits in the shard's list of new keys, decided under the shard's
 /// lock, until the shard next rebuilds its table: at most a second later in a small store (a
 /// few seconds in a large one), or sooner when many new keys arrive or the key is decided often.
 ///
@@ -92,10 +80,12 @@ const MAX_BUCKETS_PER_SHARD: usize = 4_096;
 /// refill time and a few seconds, once traffic on new keys or a sweep reaches their shard.
 ///
 /// The store holds a bounded number of buckets: a bound of 1,048,576 (2^20) unless built with
-/// [`bounded`](Self::bounded), shared out over the shards with an eighth more each (1,179,648
-/// at most, [`max_buckets`](Self::max_buckets)). A key new to a shard that holds its share first
-/// makes the shard drop its full buckets; if that is not room enough, the shard
-/// forgets buckets down to seven eighths of its share, those that will be full soonest first.
+/// [`bounded`](Self::bounded), shared out over the shards with some headroom each (1,179,648 at
+/// most on a machine of up to 32 threads, [`max_buckets`](Self::max_buckets)); below its bound
+/// the store forgets nothing and refuses nothing (`bounded` says how exactly). A key new to a
+/// shard that holds its most buckets first makes the shard drop its full buckets; if that is not
+/// room enough, the shard forgets buckets down to seven eighths of its most, those that will be
+/// full soonest first.
 /// A forgotten bucket starts full when its key comes back, so its key gains the tokens it had
 /// spent and not yet refilled: at most its burst. The choice is by time, since a bucket does not
 /// know its limit: a bucket of a fast limit that spent its whole burst can be full sooner, and
@@ -186,23 +176,40 @@ impl<C: Clock> MemoryStore<C> {
         )
     }
 
-    /// An empty store that reads the time from `clock` and holds about `max_buckets` buckets at
-    /// most: each shard holds its even share of the bound and an eighth more, so that uneven
-    /// shards do not forget buckets before the store is full, and the store never more than
-    /// [`max_buckets`](Self::max_buckets). See [Memory](Self#memory) for what happens at the
-    /// bound.
+    /// An empty store that reads the time from `clock` and holds `max_buckets` buckets, with a
+    /// headroom stated exactly below. See [Memory](Self#memory) for what happens at the bound.
     ///
-    /// The bound also sets the shard count: at least one shard per 4,096 buckets, so that
-    /// rebuilding a shard's table stays short however many buckets the store holds.
+    /// The bound is honoured as a bound: while the store holds fewer buckets than `max_buckets`
+    /// ([`len`](Self::len), which counts full buckets not yet dropped), no bucket is forgotten
+    /// and no key is refused ([`StoreError::TooManyBuckets`]) to make room, on any machine.
+    /// How exactly depends on how the store is sharded, which the bound decides:
+    ///
+    /// - **Below 2,048**, the store is one shard, which
+    ///   holds the bound itself: it makes room only for a key that would take it past the
+    ///   bound, always. A bound below 16 is raised to 16 ([`MAX_TAKES`](crate::MAX_TAKES)), so
+    ///   that one request on several new buckets always fits.
+    /// - **From 2,048**, the store has 8 shards per thread the machine runs (at least 16), or
+    ///   one per 4,096 buckets of the bound if that is more, rounded up to a power of two, but
+    ///   no more than leave each shard at least 1,024 of the bound (the largest power of two at
+    ///   most `max_buckets / 1,024`), and at most 2^16. Each shard holds its share,
+    ///   `share = ⌈max_buckets / shards⌉`, and a headroom of `8 × ⌈√share⌉` more: eight
+    ///   standard deviations of the count of keys a shard receives when the store holds its
+    ///   bound, since keys spread over the shards at random (the hasher is seeded at random per
+    ///   store). A new key finds its shard full below the bound with a chance below 10^-12;
+    ///   only then is a bucket forgotten, or the key refused, early. The headroom is at most a
+    ///   quarter of the bound (at a share of 1,024), an eighth at 4,096 and less above, and
+    ///   [`max_buckets`](Self::max_buckets) says what it comes to.
+    ///
+    /// Any bound is accepted: the counts saturate, and the shards are at most 2^16 (8 MB),
+    /// whatever the bound, since they are made up front.
     pub fn bounded(max_buckets: NonZeroUsize, clock: C) -> Self {
-        let max_buckets = max_buckets.get();
-        let parallelism = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let count = (parallelism * SHARDS_PER_THREAD)
-            .max(max_buckets.div_ceil(MAX_BUCKETS_PER_SHARD))
-            .min(MAX_SHARDS)
-            .next_power_of_two()
-            .max(MIN_SHARDS);
-        let shards = (0..count)
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Self::laid_out(Layout::of(max_buckets.get(), threads), clock)
+    }
+
+    /// An empty store of `layout`'s shards.
+    fn laid_out(layout: Layout, clock: C) -> Self {
+        let shards = (0..layout.shards)
             .map(|_| {
                 Padded(Spinlock::new(Shard {
                     table: Table::empty(),
@@ -219,12 +226,7 @@ impl<C: Clock> MemoryStore<C> {
                 id: NEXT_STORE.fetch_add(1, Ordering::Relaxed),
                 shards,
                 hasher: DefaultHashBuilder::default(),
-                // An eighth above an even share: keys spread over the shards unevenly, and a
-                // shard that evicted at exactly its share would do so before the store was full.
-                shard_cap: {
-                    let share = max_buckets.div_ceil(count);
-                    share.saturating_add(share / 8)
-                },
+                shard_cap: layout.shard_cap,
                 halts: halts::Halts::new(),
                 marks: marks::Marks::default(),
             }),
@@ -232,10 +234,14 @@ impl<C: Clock> MemoryStore<C> {
         }
     }
 
-    /// The most buckets the store holds: the bound it was built with, shared out evenly over its
-    /// shards and an eighth more each (see [`bounded`](Self::bounded)).
+    /// The most buckets the store holds: each shard's most, times the shards (see
+    /// [`bounded`](Self::bounded)); `usize::MAX` if that is more.
     pub fn max_buckets(&self) -> usize {
-        self.inner.shard_cap * self.inner.shards.len()
+        Layout {
+            shards: self.inner.shards.len(),
+            shard_cap: self.inner.shard_cap,
+        }
+        .max_buckets()
     }
 
     /// The error of a new key that found its shard full of buckets in debt; out of line, so that
