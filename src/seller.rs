@@ -289,11 +289,11 @@ pub fn routes(token_type: &str, groups: &[Group]) -> Result<Vec<Route>, InvalidR
     groups.iter().map(|g| g.route(token_type)).collect()
 }
 
-/// Why [`limit_from_table`](crate::seller::limit_from_table) refused a row of the limits table.
+/// Why [`limit_from_table`] refused a row of the limits table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum TableError {
-    /// The period, limit or burst do not make a valid [`Limit`](crate::Limit).
+    /// The period, limit or burst do not make a valid [`Limit`].
     Limit(InvalidLimit),
     /// The interval column is not `period / limit`.
     Inconsistent {
