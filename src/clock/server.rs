@@ -310,11 +310,9 @@ async fn measure_forever<C, K>(
         };
         first = false;
         if !wait.is_zero() {
-            // A replacement made since the last wait left a permit: it is not missed.
-            tokio::select! {
-                () = tokio::time::sleep(wait) => {}
-                () = soon.notified() => {}
-            }
+            // Woken early by a replacement (one made since the last wait left a permit, so it is
+            // not missed), or at the end of the wait: either way, measure.
+            let _ = tokio::time::timeout(wait, soon.notified()).await;
         }
         let key = {
             let Some(shared) = weak.upgrade() else { return };
