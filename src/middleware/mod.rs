@@ -10,7 +10,7 @@ mod path;
 #[cfg(feature = "retry")]
 mod retry;
 mod route;
-mod several;
+mod send;
 mod ticket;
 
 pub use self::account::Account;
@@ -30,8 +30,8 @@ use http::{Extensions, HeaderName};
 use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
 
-use self::several::Draw;
-use crate::cancel::{RefundGuard, acquire_detached};
+use self::send::Draw;
+use crate::cancel::RefundGuard;
 use crate::clock::{Clock, SystemClock};
 use crate::{
     BucketKey, BucketStore, Claim, Decision, KeySecret, Limit, RateLimited, Reservation, StoreError,
@@ -503,47 +503,6 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
         self.after_several(draws, &taken, &res, 0, false, sent_at.elapsed())
             .await;
         Ok(res)
-    }
-
-    /// Every route that matches the request, in the order they were added, but for a route of a
-    /// bucket an earlier match draws from already (the first route of a bucket that matches
-    /// sets the request's cost there); the default route when none matches; none without a
-    /// default.
-    fn routes_for(&self, req: &Request) -> Vec<&Route> {
-        let config = &self.config;
-        let mut matching: Vec<&Route> = Vec::new();
-        for route in &config.routes {
-            if route.matches_url(req.method(), req.url())
-                && !matching.iter().any(|m| m.bucket == route.bucket)
-            {
-                matching.push(route);
-            }
-        }
-        if matching.is_empty() {
-            return config.default.iter().collect();
-        }
-        matching
-    }
-
-    fn key(&self, route: &Route, req: &Request, extensions: &Extensions) -> BucketKey {
-        account::request_key(
-            &route.bucket,
-            extensions,
-            req.headers(),
-            self.config.account_header.as_ref(),
-            self.config.key_secret.as_ref(),
-        )
-    }
-
-    /// Takes the request's tokens on a task of its own (the cancellation rule, `crate::cancel`).
-    async fn take(
-        &self,
-        key: &BucketKey,
-        limit: Limit,
-        cost: u32,
-        max_wait: Duration,
-    ) -> Result<Decision, StoreError> {
-        acquire_detached(&self.store, key, limit, cost, max_wait).await
     }
 }
 

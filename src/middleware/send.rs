@@ -1,7 +1,9 @@
-//! Sending a request through the routes that match it: every one applies, and their buckets are
-//! taken at once, all or none ([`BucketStore::acquire_all`]), the request going at the latest of
-//! their times; one route's bucket is one plain decision, and more buckets than one call takes
-//! ([`MAX_TAKES`]) are taken in turn, each at the time the request goes.
+//! Sending a request: the buckets of the routes that match it, its turn waited for on all of
+//! them, the request sent, and the answer settled on each. Every route that matches applies, and
+//! their buckets are taken at once, all or none ([`BucketStore::acquire_all`]), the request going
+//! at the latest of their times; one route's bucket is one plain decision, and more buckets than
+//! one call takes ([`MAX_TAKES`]) are taken in turn, each at the time the request goes. A request
+//! that holds a [`Ticket`](super::Ticket) goes on its booked turn instead.
 
 use std::time::Duration;
 
@@ -9,8 +11,8 @@ use http::Extensions;
 use reqwest::{Request, Response};
 use reqwest_middleware::Next;
 
-use super::{Cost, RateLimitMiddleware, Route, follow};
-use crate::cancel::{RefundGuard, acquire_all_detached};
+use super::{Cost, RateLimitMiddleware, Route, account, follow};
+use crate::cancel::{RefundGuard, acquire_all_detached, acquire_detached};
 use crate::clock::Clock;
 use crate::error::BackendError;
 use crate::{
@@ -31,6 +33,47 @@ where
     St: BucketStore + Clone,
     K: Clock + Clone,
 {
+    /// Every route that matches the request, in the order they were added, but for a route of a
+    /// bucket an earlier match draws from already (the first route of a bucket that matches
+    /// sets the request's cost there); the default route when none matches; none without a
+    /// default.
+    pub(super) fn routes_for(&self, req: &Request) -> Vec<&Route> {
+        let config = &self.config;
+        let mut matching: Vec<&Route> = Vec::new();
+        for route in &config.routes {
+            if route.matches_url(req.method(), req.url())
+                && !matching.iter().any(|m| m.bucket == route.bucket)
+            {
+                matching.push(route);
+            }
+        }
+        if matching.is_empty() {
+            return config.default.iter().collect();
+        }
+        matching
+    }
+
+    fn key(&self, route: &Route, req: &Request, extensions: &Extensions) -> BucketKey {
+        account::request_key(
+            &route.bucket,
+            extensions,
+            req.headers(),
+            self.config.account_header.as_ref(),
+            self.config.key_secret.as_ref(),
+        )
+    }
+
+    /// Takes the request's tokens on a task of its own (the cancellation rule, `crate::cancel`).
+    async fn take(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+        cost: u32,
+        max_wait: Duration,
+    ) -> Result<Decision, StoreError> {
+        acquire_detached(&self.store, key, limit, cost, max_wait).await
+    }
+
     /// The buckets of the routes that match a request: a [`Cost`] on the request applies to
     /// each, and each route's own cost otherwise.
     pub(super) fn draws<'r>(
