@@ -11,7 +11,10 @@ use http::{HeaderMap, Method, StatusCode};
 use proptest::prelude::*;
 
 use super::backoff::{RetryValue, parse_retry, upstream_retry};
-use crate::{BucketName, ManualClock, MemoryStore};
+use crate::{
+    BucketKey, BucketName, BucketStore, Claim, Decision, Limit, ManualClock, MemoryStore,
+    RateLimited, StoreError,
+};
 
 fn name(name: &str) -> BucketName {
     BucketName::new(name).expect("a valid bucket name")
