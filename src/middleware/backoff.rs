@@ -196,7 +196,7 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
             std::cmp::Ordering::Greater => Some(Feedback::Charge {
                 extra: self.owed(key, limit, cost - taken.cost()),
             }),
-            std::cmp::Ordering::Less => Some(Feedback::GiveBack {
+            std::cmp::Ordering::Less => Some(Feedback::Refund {
                 reservation: taken.with_cost(taken.cost() - cost),
             }),
             std::cmp::Ordering::Equal => None,
@@ -218,7 +218,7 @@ pub(super) enum Feedback {
     /// tokens are owed.
     Charge { extra: u32 },
     /// A call that cost less than it took: part of its reservation goes back.
-    GiveBack { reservation: Reservation },
+    Refund { reservation: Reservation },
 }
 
 impl Feedback {
@@ -262,7 +262,7 @@ impl Feedback {
                     tracing::warn!(bucket = key.bucket(), error = %e, "could not lower to the upstream's count");
                 }
             },
-            Self::GiveBack { reservation } => {
+            Self::Refund { reservation } => {
                 if let Err(e) = store.refund(key, limit, reservation).await {
                     tracing::warn!(bucket = key.bucket(), error = %e, "could not give back what a call did not cost");
                 }

@@ -10,7 +10,7 @@ use http::Extensions;
 use reqwest::{Request, Response};
 use reqwest_middleware::Next;
 
-use super::send::Draw;
+use super::send::RouteTake;
 use super::{RateLimitMiddleware, Ticket, TicketError};
 use crate::cancel::RefundGuard;
 use crate::clock::Clock;
@@ -71,7 +71,7 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
         }
         if routes.len() > crate::MAX_TAKES {
             // A ticket books every bucket at one time, which one store call does and calls in
-            // turn cannot (see `take_in_turn`); and its text names at most that many.
+            // turn cannot (see `acquire_in_turn`); and its text names at most that many.
             return Err(reqwest_middleware::Error::middleware(
                 StoreError::TooManyAtOnce {
                     count: routes.len(),
@@ -79,26 +79,26 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
                 },
             ));
         }
-        let draws = self.draws(&routes, req, extensions);
-        let max_wait = self.ceiling(&draws);
-        let decisions = self.take_all(&draws, max_wait).await?;
+        let takes = self.takes(&routes, req, extensions);
+        let max_wait = self.ceiling(&takes);
+        let decisions = self.acquire_all(&takes, max_wait).await?;
         if !decisions.iter().all(Decision::is_admitted) {
-            let limited = Self::refusal(&draws, &decisions);
+            let limited = Self::refusal(&takes, &decisions);
             return Err(reqwest_middleware::Error::middleware(limited));
         }
         // A turn goes within the grace of every bucket it holds: the shortest.
-        let grace = draws
+        let grace = takes
             .iter()
-            .map(|d| Self::grace(d.limit, d.cost))
+            .map(|t| Self::grace(t.limit, t.cost))
             .min()
             .unwrap_or(Duration::ZERO);
         // Given back if the booking fails, or if the caller goes away before it is written.
         let mut taken = RefundGuard::new(self.store.clone());
-        let mut turns = Vec::with_capacity(draws.len());
-        for (d, decision) in draws.into_iter().zip(&decisions) {
+        let mut turns = Vec::with_capacity(takes.len());
+        for (t, decision) in takes.into_iter().zip(&decisions) {
             if let Some(reservation) = decision.reservation() {
-                taken.push(d.key.clone(), d.limit, reservation);
-                turns.push((d.key, reservation));
+                taken.push(t.key.clone(), t.limit, reservation);
+                turns.push((t.key, reservation));
             }
         }
         let mut turns = turns.into_iter();
@@ -150,7 +150,7 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
             })
             .collect::<Option<Vec<Limit>>>()
             .ok_or_else(|| reqwest_middleware::Error::middleware(TicketError::NoRoute))?;
-        match self.spend(ticket).await? {
+        match self.claim(ticket).await? {
             Claim::First => {}
             Claim::Spent => return Ok(false),
             Claim::Missing => {
@@ -189,8 +189,8 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
             .await
     }
 
-    /// Spends the ticket's one-time mark.
-    async fn spend(&self, ticket: &Ticket) -> reqwest_middleware::Result<Claim> {
+    /// Claims the ticket's one-time mark ([`BucketStore::claim`]).
+    async fn claim(&self, ticket: &Ticket) -> reqwest_middleware::Result<Claim> {
         self.store
             .claim(&ticket.key, &ticket.nonce_hex())
             .await
@@ -202,7 +202,7 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
     /// while it waited in the queue; without taking another token.
     pub(super) async fn send_booked(
         &self,
-        draws: &[Draw<'_>],
+        takes: &[RouteTake<'_>],
         ticket: Ticket,
         req: Request,
         extensions: &mut Extensions,
@@ -213,18 +213,18 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
             return refused(TicketError::Forged);
         }
         let booked: Vec<(&BucketKey, &Reservation)> = ticket.buckets().collect();
-        if booked.len() != draws.len() || draws.iter().zip(&booked).any(|(d, (k, _))| d.key != **k)
+        if booked.len() != takes.len() || takes.iter().zip(&booked).any(|(t, (k, _))| t.key != **k)
         {
             return refused(TicketError::OtherBucket);
         }
-        if draws
+        if takes
             .iter()
             .zip(&booked)
-            .any(|(d, (_, r))| r.cost() < d.cost)
+            .any(|(t, (_, r))| r.cost() < t.cost)
         {
             return refused(TicketError::TooCostly);
         }
-        let first = &draws[0];
+        let first = &takes[0];
         let now = self.clock.now();
         let early = ticket.ready_in(now);
         if !early.is_zero() {
@@ -240,18 +240,18 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
         if now > ticket.expires_at() {
             return refused(TicketError::Expired);
         }
-        for (d, (_, reservation)) in draws.iter().zip(&booked) {
-            if let Some(retry) = self.halted_for(&d.key, d.limit, reservation).await {
+        for (t, (_, reservation)) in takes.iter().zip(&booked) {
+            if let Some(retry) = self.halted_for(&t.key, t.limit, reservation).await {
                 tracing::debug!(
-                    bucket = d.route.bucket(),
-                    key = %d.key.fingerprint(),
+                    bucket = t.route.bucket(),
+                    key = %t.key.fingerprint(),
                     "local 429: an upstream back-off passed a booked slot"
                 );
-                let limited = RateLimited::new(retry, d.limit, d.route.bucket(), 0);
+                let limited = RateLimited::new(retry, t.limit, t.route.bucket(), 0);
                 return Err(reqwest_middleware::Error::middleware(limited));
             }
         }
-        match self.spend(&ticket).await? {
+        match self.claim(&ticket).await? {
             Claim::First => {}
             Claim::Spent => return refused(TicketError::Spent),
             // The store lost the booking (or kept it a second past the grace, on a clock ahead
@@ -263,7 +263,7 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
         let res = next.run(req, extensions).await?;
         // When the turn was booked, and so whether the bucket was spent, is not known here: the
         // answer proves no margin, and lowers nothing.
-        self.after_several(draws, &taken, &res, 0, false, sent_at.elapsed())
+        self.after_answer(takes, &taken, &res, 0, false, sent_at.elapsed())
             .await;
         Ok(res)
     }

@@ -269,7 +269,7 @@ where
         if routes.is_empty() {
             return next.run(req, extensions).await;
         }
-        self.send_drawing(&routes, req, extensions, next).await
+        self.send(&routes, req, extensions, next).await
     }
 }
 
