@@ -7,9 +7,12 @@ mod backoff;
 mod booking;
 mod cost;
 mod follow;
+#[cfg(test)]
+mod fuzz;
 mod path;
 #[cfg(feature = "retry")]
 mod retry;
+mod retry_after;
 mod route;
 mod send;
 mod ticket;
@@ -158,9 +161,10 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
     }
 
     /// Keys the hashes of secret accounts (the [`account_header`](Self::account_header)'s value
-    /// and [`Account::secret`]) with `secret`: an HMAC-SHA256 (see [`BucketKey::keyed`](crate::BucketKey::keyed)) instead
-    /// of a plain SHA-256, which anyone who reads the store could check guesses against. Every
-    /// process sharing the buckets must use the same secret.
+    /// and [`Account::secret`]) with `secret`: an HMAC-SHA256 (see
+    /// [`BucketKey::keyed`](crate::BucketKey::keyed)) instead of a plain SHA-256, which anyone
+    /// who reads the store could check guesses against. Every process sharing the buckets must
+    /// use the same secret.
     #[must_use]
     pub fn key_secret(mut self, secret: KeySecret) -> Self {
         let config = Arc::make_mut(&mut self.config);
