@@ -28,6 +28,7 @@ mod layer_http;
 mod layer_keys;
 mod layer_ops;
 mod middleware;
+mod middleware_feedback;
 mod outage;
 mod paused_time;
 mod redis_security;
