@@ -29,6 +29,7 @@ mod layer_keys;
 mod layer_ops;
 mod middleware;
 mod middleware_feedback;
+mod middleware_routes;
 mod outage;
 mod paused_time;
 mod redis_security;

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use burstgate::middleware::{Account, RateLimitMiddleware, Route};
-use burstgate::{Limit, MemoryStore, TokioClock};
+use burstgate::{KeySecret, Limit, MemoryStore, TokioClock};
 use http::{Extensions, HeaderValue, StatusCode};
 use reqwest::{Request, Response};
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
@@ -212,4 +212,35 @@ pub(crate) fn one_a_second_burst_5() -> OnTokioTime {
         .with_clock(clock)
         .route(Route::new("api", limit, "/orders").expect("a route"))
         .max_wait(Duration::from_secs(60))
+}
+
+/// An endpoint's own limit (1 a second, burst 5) and the account's, over every path (one every
+/// 2 s, burst 2): a request to the endpoint matches both. Its tickets are signed with
+/// [`ticket_secret`].
+pub(crate) fn endpoint_and_account() -> OnTokioTime {
+    let clock = TokioClock::new();
+    let endpoint = Limit::per_second(1)
+        .and_then(|l| l.with_burst(5))
+        .expect("a valid limit");
+    let account = Limit::new(1, Duration::from_secs(2))
+        .and_then(|l| l.with_burst(2))
+        .expect("a valid limit");
+    RateLimitMiddleware::new(MemoryStore::with_clock(clock))
+        .with_clock(clock)
+        .route(Route::new("orders", endpoint, "/orders").expect("a route"))
+        .route(Route::new("account", account, "/**").expect("a route"))
+        .key_secret(ticket_secret())
+        .max_wait(Duration::from_secs(60))
+}
+
+/// The secret the tests' tickets are signed with.
+pub(crate) fn ticket_secret() -> KeySecret {
+    KeySecret::new(b"the tests' application secret").expect("a secret")
+}
+
+/// The extensions of a request for `name`, as `reserve` takes them.
+pub(crate) fn account(name: &str) -> Extensions {
+    let mut e = Extensions::new();
+    e.insert(Account::new(name));
+    e
 }
