@@ -305,6 +305,3 @@ impl<St: fmt::Debug, K: fmt::Debug> fmt::Debug for RateLimitMiddleware<St, K> {
             .finish()
     }
 }
-
-#[cfg(test)]
-mod tests;

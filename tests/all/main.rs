@@ -30,6 +30,7 @@ mod layer_ops;
 mod middleware;
 mod middleware_feedback;
 mod middleware_routes;
+mod middleware_tickets;
 mod outage;
 mod paused_time;
 mod redis_security;

@@ -14,10 +14,10 @@ pub(crate) mod layer;
 pub(crate) mod logs;
 #[cfg(any(feature = "tower", feature = "reqwest"))]
 mod stores;
-#[cfg(feature = "reqwest")]
-pub(crate) use stores::HeldDrains;
 #[cfg(any(feature = "tower", feature = "reqwest"))]
 pub(crate) use stores::SlowReplies;
+#[cfg(feature = "reqwest")]
+pub(crate) use stores::{HeldDrains, RefusedBookings};
 #[cfg(feature = "reqwest")]
 pub(crate) mod upstream;
 
