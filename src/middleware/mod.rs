@@ -2,6 +2,14 @@
 // and rustdoc still renders and doctests it here.
 #![doc = include_str!("../../docs/middleware.md")]
 
+// Here: the middleware's type, its settings and builders, and the `Middleware` impl. A request
+// goes through `send.rs` (its routes, their takes at once, the wait, the send) and the answer
+// through `backoff.rs` (back-offs, lowering, costs owed or refunded), which reads `follow.rs`
+// (the tokens the upstream reports left), `retry_after.rs` (how long it asks to wait) and
+// `cost.rs` (what it says a call cost). Tickets: the type, its text and its signature in
+// `ticket.rs`, booking, cancelling and sending one in `booking.rs`. Which request matches which
+// route: `route.rs` and `path.rs`; whose budget it spends: `account.rs`.
+
 mod account;
 mod backoff;
 mod booking;
