@@ -89,3 +89,30 @@ impl fmt::Debug for Account {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn name(name: &str) -> BucketName {
+        BucketName::new(name).expect("a valid bucket name")
+    }
+
+    #[test]
+    fn secret_accounts_are_hashed_and_not_printed() {
+        let a = Account::secret("tok-123");
+        assert_eq!(format!("{a:?}"), "Account(<secret>)");
+        let key = a
+            .key(&name("orders"), None)
+            .map(|k| k.to_string())
+            .unwrap_or_default();
+        assert!(key.starts_with("orders:#") && !key.contains("tok"), "{key}");
+        assert_eq!(
+            Account::new("seller:42")
+                .key(&name("orders"), None)
+                .map(|k| k.to_string())
+                .as_deref(),
+            Some("orders:seller%3A42")
+        );
+    }
+}

@@ -3,14 +3,15 @@
 //! holds lowers it, other `4xx` answers may cost more, and a request that waited checks that no
 //! drain passed its slot before it is sent.
 
-use std::fmt;
 use std::time::{Duration, SystemTime};
 
-use http::{HeaderMap, StatusCode};
+use http::StatusCode;
 use reqwest::Response;
 
 use super::RateLimitMiddleware;
+use super::cost::cost_count;
 use super::follow::Sent;
+use super::retry_after::upstream_retry;
 use crate::clock::{self, Clock};
 use crate::{BucketKey, BucketStore, Limit, Reservation};
 
@@ -196,7 +197,7 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
             std::cmp::Ordering::Greater => Some(Feedback::Charge {
                 extra: self.owed(key, limit, cost - taken.cost()),
             }),
-            std::cmp::Ordering::Less => Some(Feedback::GiveBack {
+            std::cmp::Ordering::Less => Some(Feedback::Refund {
                 reservation: taken.with_cost(taken.cost() - cost),
             }),
             std::cmp::Ordering::Equal => None,
@@ -218,7 +219,7 @@ pub(super) enum Feedback {
     /// tokens are owed.
     Charge { extra: u32 },
     /// A call that cost less than it took: part of its reservation goes back.
-    GiveBack { reservation: Reservation },
+    Refund { reservation: Reservation },
 }
 
 impl Feedback {
@@ -262,7 +263,7 @@ impl Feedback {
                     tracing::warn!(bucket = key.bucket(), error = %e, "could not lower to the upstream's count");
                 }
             },
-            Self::GiveBack { reservation } => {
+            Self::Refund { reservation } => {
                 if let Err(e) = store.refund(key, limit, reservation).await {
                     tracing::warn!(bucket = key.bucket(), error = %e, "could not give back what a call did not cost");
                 }
@@ -295,77 +296,121 @@ fn token_period(limit: Limit) -> Duration {
     Duration::from_millis(limit.interval_ms() / u64::from(limit.tokens()))
 }
 
-/// Reads how long the upstream asked to wait: `X-Ratelimit-Retry` first, then `Retry-After`.
-/// A value that does not parse is ignored, with a warning.
-pub(super) fn upstream_retry(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
-    for name in ["x-ratelimit-retry", "retry-after"] {
-        let Some(value) = headers.get(name) else {
-            continue;
-        };
-        match value
-            .to_str()
-            .map_err(|_| RetryValue::NotText)
-            .and_then(|v| parse_retry(v, now))
-        {
-            Ok(retry) => return Some(retry),
-            Err(why) => tracing::warn!(header = name, %why, "ignoring an unusable back-off header"),
+#[cfg(test)]
+mod tests {
+    use http::{HeaderMap, StatusCode};
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::middleware::follow;
+    use crate::middleware::fuzz::{NOW_MS, at, fuzz_config, header_text};
+    use crate::{ManualClock, MemoryStore};
+
+    #[test]
+    fn an_unbounded_max_backoff_and_a_huge_header_drain_without_overflow() {
+        let clock = ManualClock::new(NOW_MS);
+        let store = MemoryStore::with_clock(clock.clone());
+        let middleware = RateLimitMiddleware::new(store.clone())
+            .with_clock(clock)
+            .max_backoff(Duration::MAX);
+        let limit = Limit::per_second(1).expect("a valid limit");
+        let key = BucketKey::new("api", "huge").expect("a valid key");
+        let mut answer = http::Response::new(Vec::<u8>::new());
+        *answer.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+        answer.headers_mut().insert(
+            "retry-after",
+            http::HeaderValue::from_static("99999999999999999999999"),
+        );
+        let answer = Response::from(answer);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("a runtime");
+        let quota = runtime
+            .block_on(async {
+                if let Some(feedback) = middleware.feedback(&key, limit, &answer, &unqueued(), true)
+                {
+                    feedback.apply(&store, &key, limit).await;
+                }
+                store.peek(&key, limit).await
+            })
+            .expect("peek");
+        assert_eq!(quota.remaining(), 0);
+        // Drained for the longest the arithmetic takes, 2^44 ms (about 557 years).
+        let end = Duration::from_millis(crate::bucket::MAX_WAIT);
+        assert!(quota.next_token_in() >= end - Duration::from_secs(1));
+    }
+
+    /// How a request that went at once, as the only one, went out.
+    fn unqueued() -> follow::Sent {
+        follow::Sent {
+            expected: 0,
+            queued: false,
+            cost: 1,
+            settled: false,
+            rtt: Duration::ZERO,
         }
     }
-    None
-}
 
-/// Why a back-off header was ignored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum RetryValue {
-    NotText,
-    Negative,
-    Garbage,
-}
+    proptest! {
+        #![proptest_config(fuzz_config())]
 
-impl fmt::Display for RetryValue {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::NotText => "the value is not text",
-            Self::Negative => "a negative delay",
-            Self::Garbage => "neither seconds nor an http date",
-        })
-    }
-}
-
-/// Parses delay-seconds (whole, or decimal as some APIs send, rounded up) or an HTTP date. A
-/// date in the past is a zero delay; a huge number saturates (the caller clamps it).
-pub(crate) fn parse_retry(value: &str, now: SystemTime) -> Result<Duration, RetryValue> {
-    let value = value.trim();
-    if value.starts_with('-') {
-        return Err(RetryValue::Negative);
-    }
-    if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
-        return Ok(Duration::from_secs(
-            value.parse::<u64>().unwrap_or(u64::MAX),
-        ));
-    }
-    if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
-        return match value.parse::<f64>() {
-            Ok(secs) if secs.is_finite() => {
-                Ok(Duration::try_from_secs_f64(secs.ceil()).unwrap_or(Duration::MAX))
+        /// Any header bytes, under either name, through what the middleware does with an upstream
+        /// 429: never a panic, and the shared bucket is drained for the header's delay clamped to
+        /// `max_backoff`, or for one token period when the header is unusable.
+        #[test]
+        fn a_429_drains_for_at_most_max_backoff_whatever_its_headers(
+            x_ratelimit_retry in proptest::option::of(prop_oneof![
+                header_text().prop_map(String::into_bytes),
+                proptest::collection::vec(any::<u8>(), 0..40),
+            ]),
+            retry_after in proptest::option::of(prop_oneof![
+                header_text().prop_map(String::into_bytes),
+                proptest::collection::vec(any::<u8>(), 0..40),
+            ]),
+            max_backoff_s in prop_oneof![Just(0u64), 0..=86_400u64, Just(100 * 365 * 86_400)],
+        ) {
+            let mut headers = HeaderMap::new();
+            let named = [("x-ratelimit-retry", &x_ratelimit_retry), ("retry-after", &retry_after)];
+            for (name, value) in named {
+                // A value http would not carry (a control byte) cannot reach the middleware.
+                let value = value.as_deref().and_then(|v| http::HeaderValue::from_bytes(v).ok());
+                if let Some(v) = value {
+                    headers.insert(name, v);
+                }
             }
-            _ => Err(RetryValue::Garbage),
-        };
-    }
-    match httpdate::parse_http_date(value) {
-        Ok(at) => Ok(at.duration_since(now).unwrap_or(Duration::ZERO)),
-        Err(_) => Err(RetryValue::Garbage),
-    }
-}
+            let clock = ManualClock::new(NOW_MS);
+            let store = MemoryStore::with_clock(clock.clone());
+            let max_backoff = Duration::from_secs(max_backoff_s);
+            let middleware = RateLimitMiddleware::new(store.clone())
+                .with_clock(clock)
+                .max_backoff(max_backoff);
+            // One token a second, so a token period is a whole second.
+            let limit = Limit::per_second(1).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let key = BucketKey::new("api", "fuzz")
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let mut answer = http::Response::new(Vec::<u8>::new());
+            *answer.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+            *answer.headers_mut() = headers.clone();
+            let answer = Response::from(answer);
 
-/// A cost a field reports: a count, a fraction rounded up (a call that cost 2.5 tokens owes 3).
-fn cost_count(value: &str) -> Option<u64> {
-    let value = value.trim();
-    let whole = super::follow::count(value)?;
-    let fraction = value.split_once('.').map_or("", |(_, f)| f);
-    Some(if fraction.bytes().any(|b| b != b'0') {
-        whole.saturating_add(1)
-    } else {
-        whole
-    })
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let quota = runtime.block_on(async {
+                let feedback = middleware.feedback(&key, limit, &answer, &unqueued(), true);
+                if let Some(feedback) = feedback {
+                    feedback.apply(&store, &key, limit).await;
+                }
+                store.peek(&key, limit).await
+            });
+            let quota = quota.map_err(|e| TestCaseError::fail(e.to_string()))?;
+
+            let period = Duration::from_secs(1);
+            let told = upstream_retry(&headers, at(NOW_MS / 1_000));
+            let expected = told.map_or(period, |d| d.min(max_backoff).max(period));
+            prop_assert_eq!(quota.remaining(), 0);
+            prop_assert_eq!(quota.next_token_in(), expected, "told {:?}", told);
+            prop_assert!(quota.next_token_in() <= max_backoff.max(period));
+        }
+    }
 }

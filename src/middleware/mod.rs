@@ -2,15 +2,27 @@
 // and rustdoc still renders and doctests it here.
 #![doc = include_str!("../../docs/middleware.md")]
 
+// Here: the middleware's type, its settings and builders, and the `Middleware` impl. A request
+// goes through `send.rs` (its routes, their takes at once, the wait, the send) and the answer
+// through `backoff.rs` (back-offs, lowering, costs owed or refunded), which reads `follow.rs`
+// (the tokens the upstream reports left), `retry_after.rs` (how long it asks to wait) and
+// `cost.rs` (what it says a call cost). Tickets: the type, its text and its signature in
+// `ticket.rs`, booking, cancelling and sending one in `booking.rs`. Which request matches which
+// route: `route.rs` and `path.rs`; whose budget it spends: `account.rs`.
+
 mod account;
 mod backoff;
+mod booking;
 mod cost;
 mod follow;
+#[cfg(test)]
+mod fuzz;
 mod path;
 #[cfg(feature = "retry")]
 mod retry;
+mod retry_after;
 mod route;
-mod several;
+mod send;
 mod ticket;
 
 pub use self::account::Account;
@@ -30,12 +42,8 @@ use http::{Extensions, HeaderName};
 use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
 
-use self::several::Draw;
-use crate::cancel::{RefundGuard, acquire_detached};
 use crate::clock::{Clock, SystemClock};
-use crate::{
-    BucketKey, BucketStore, Claim, Decision, KeySecret, Limit, RateLimited, Reservation, StoreError,
-};
+use crate::{BucketStore, KeySecret, RateLimited};
 
 /// The local 429 in an error the client returned: the [`RateLimited`] this middleware returns
 /// instead of sending a request its budget does not allow, if that is what `err` is.
@@ -161,9 +169,10 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
     }
 
     /// Keys the hashes of secret accounts (the [`account_header`](Self::account_header)'s value
-    /// and [`Account::secret`]) with `secret`: an HMAC-SHA256 (see [`BucketKey::keyed`]) instead
-    /// of a plain SHA-256, which anyone who reads the store could check guesses against. Every
-    /// process sharing the buckets must use the same secret.
+    /// and [`Account::secret`]) with `secret`: an HMAC-SHA256 (see
+    /// [`BucketKey::keyed`](crate::BucketKey::keyed)) instead of a plain SHA-256, which anyone
+    /// who reads the store could check guesses against. Every process sharing the buckets must
+    /// use the same secret.
     #[must_use]
     pub fn key_secret(mut self, secret: KeySecret) -> Self {
         let config = Arc::make_mut(&mut self.config);
@@ -254,297 +263,6 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
             seen: self.seen,
         }
     }
-
-    /// Books the turn of a request that a job queue sends later, instead of waiting for it here
-    /// (see [`Ticket`]): the request is matched, keyed and priced as [`handle`](Middleware::handle)
-    /// would, its tokens are reserved up to the ceiling, and the ticket says when it may go.
-    /// `Ok(None)` when no route draws from the request: it may go at any time.
-    ///
-    /// ```
-    /// # use std::time::{Duration, SystemTime};
-    /// # use burstgate::middleware::{Account, RateLimitMiddleware, Route};
-    /// # use burstgate::{Limit, MemoryStore};
-    /// # use http::Extensions;
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let orders = Route::new("orders", Limit::per_minute(1)?, "/orders")?;
-    /// let limiter = RateLimitMiddleware::new(MemoryStore::new()).route(orders);
-    /// let request = reqwest::Client::new().get("https://api.example/orders").build()?;
-    /// let mut account = Extensions::new();
-    /// account.insert(Account::new("seller-42"));
-    ///
-    /// let now = limiter.reserve(&request, &account).await?.expect("a route matches");
-    /// assert_eq!(now.ready_in(SystemTime::now()), Duration::ZERO);
-    /// let later = limiter.reserve(&request, &account).await?.expect("a route matches");
-    /// assert!(later.ready_in(SystemTime::now()) > Duration::from_secs(59));
-    /// // Kept as text in the job's payload; sent at its time with `.with_extension(ticket)`.
-    /// let payload = later.to_string();
-    /// # let _ = payload;
-    /// # Ok(())
-    /// # }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// As a request sent through the middleware: the local 429 ([`RateLimited`]) when the turn
-    /// is further off than the ceiling, a [`StoreError`] when the store fails or the cost is
-    /// above the burst. No ticket exists without its booking in the store
-    /// ([`BucketStore::book`]): when the store does not take it, the tokens just taken are given
-    /// back (as every refund: only while no turn is booked after them) and the store's error is
-    /// returned. On a [`RedisStore`](crate::RedisStore) that means no ticket is booked while
-    /// Redis is unreachable, whatever the outage policy.
-    /// A request that more than [`MAX_TAKES`](crate::MAX_TAKES) routes match
-    /// is not booked, [`StoreError::TooManyAtOnce`], before any store call: a ticket's turns
-    /// are booked at one time, by one store call (send such a request instead, which takes its
-    /// buckets in turn).
-    pub async fn reserve(
-        &self,
-        req: &Request,
-        extensions: &Extensions,
-    ) -> reqwest_middleware::Result<Option<Ticket>> {
-        let routes = self.routes_for(req);
-        if routes.is_empty() {
-            return Ok(None);
-        }
-        if routes.len() > crate::MAX_TAKES {
-            // A ticket books every bucket at one time, which one store call does and calls in
-            // turn cannot (see `take_in_turn`); and its text names at most that many.
-            return Err(reqwest_middleware::Error::middleware(
-                StoreError::TooManyAtOnce {
-                    count: routes.len(),
-                    max: crate::MAX_TAKES,
-                },
-            ));
-        }
-        let draws = self.draws(&routes, req, extensions);
-        let max_wait = self.ceiling(&draws);
-        let decisions = self.take_all(&draws, max_wait).await?;
-        if !decisions.iter().all(Decision::is_admitted) {
-            let limited = Self::refusal(&draws, &decisions);
-            return Err(reqwest_middleware::Error::middleware(limited));
-        }
-        // A turn goes within the grace of every bucket it holds: the shortest.
-        let grace = draws
-            .iter()
-            .map(|d| Self::grace(d.limit, d.cost))
-            .min()
-            .unwrap_or(Duration::ZERO);
-        // Given back if the booking fails, or if the caller goes away before it is written.
-        let mut taken = RefundGuard::new(self.store.clone());
-        let mut turns = Vec::with_capacity(draws.len());
-        for (d, decision) in draws.into_iter().zip(&decisions) {
-            if let Some(reservation) = decision.reservation() {
-                taken.push(d.key.clone(), d.limit, reservation);
-                turns.push((d.key, reservation));
-            }
-        }
-        let mut turns = turns.into_iter();
-        let Some((key, reservation)) = turns.next() else {
-            return Ok(None);
-        };
-        let ticket = Ticket::signed(
-            key,
-            reservation,
-            turns.collect(),
-            grace,
-            &self.config.ticket_secret,
-        );
-        if let Err(e) = self.book(&ticket).await {
-            taken.refund_all().await;
-            return Err(reqwest_middleware::Error::middleware(e));
-        }
-        taken.disarm();
-        Ok(Some(ticket))
-    }
-
-    /// Gives back the tokens of a [`Ticket`] whose request will never be sent (the job was
-    /// dropped), through its reservations, as every refund: never above the burst, and only
-    /// while no turn booked after it would move. Under the limits of the routes that draw from
-    /// the ticket's buckets. A ticket is given back, or sent, once: `Ok(false)` when it was
-    /// spent already, here or in another process.
-    ///
-    /// # Errors
-    ///
-    /// [`TicketError::Forged`] when the ticket is not this middleware's,
-    /// [`TicketError::NoRoute`] when no route draws from one of its buckets,
-    /// [`TicketError::Expired`] when the store holds no booking for it (a second past its
-    /// grace, or lost by the store: see [`Ticket`]), and then nothing is given back, since the
-    /// store cannot tell whether it went or gave its tokens back already; or a [`StoreError`].
-    pub async fn cancel(&self, ticket: &Ticket) -> reqwest_middleware::Result<bool> {
-        let config = &self.config;
-        if !ticket.verify(&config.ticket_secret) {
-            return Err(reqwest_middleware::Error::middleware(TicketError::Forged));
-        }
-        let limits = ticket
-            .buckets()
-            .map(|(key, _)| {
-                config
-                    .routes
-                    .iter()
-                    .chain(config.default.as_ref())
-                    .find(|r| r.bucket() == key.bucket())
-                    .map(|r| r.limit)
-            })
-            .collect::<Option<Vec<Limit>>>()
-            .ok_or_else(|| reqwest_middleware::Error::middleware(TicketError::NoRoute))?;
-        match self.spend(ticket).await? {
-            Claim::First => {}
-            Claim::Spent => return Ok(false),
-            Claim::Missing => {
-                return Err(reqwest_middleware::Error::middleware(TicketError::Expired));
-            }
-        }
-        // Every bucket is asked, whatever the others answer: the ticket is spent, and a refund
-        // left out now could never be made.
-        let mut failed = None;
-        for ((key, reservation), limit) in ticket.buckets().zip(limits) {
-            if let Err(e) = self.store.refund(key, limit, *reservation).await {
-                failed.get_or_insert(e);
-            }
-        }
-        match failed {
-            Some(e) => Err(reqwest_middleware::Error::middleware(e)),
-            None => Ok(true),
-        }
-    }
-
-    /// A ticket's grace under `limit`: one token period per token of its cost after its turn.
-    fn grace(limit: Limit, cost: u32) -> Duration {
-        let grace_ms =
-            u128::from(limit.interval_ms()) * u128::from(cost) / u128::from(limit.tokens());
-        Duration::from_millis(u64::try_from(grace_ms).unwrap_or(u64::MAX))
-    }
-
-    /// Books the ticket's one-time mark in the store, beside its first bucket. The mark is kept
-    /// a second past the end of the ticket's grace, signed into it, after which the ticket is
-    /// refused as expired anyway: a ticket checked just inside its grace must not meet a mark
-    /// already gone, in a store that counts whole milliseconds on a clock of its own.
-    async fn book(&self, ticket: &Ticket) -> Result<(), StoreError> {
-        let until = crate::clock::add_or_latest(ticket.expires_at(), Duration::from_secs(1));
-        self.store
-            .book(&ticket.key, &ticket.nonce_hex(), until)
-            .await
-    }
-
-    /// Spends the ticket's one-time mark.
-    async fn spend(&self, ticket: &Ticket) -> reqwest_middleware::Result<Claim> {
-        self.store
-            .claim(&ticket.key, &ticket.nonce_hex())
-            .await
-            .map_err(reqwest_middleware::Error::middleware)
-    }
-
-    /// Sends a request that holds a [`Ticket`]: at or after its time, for the buckets and
-    /// account the request draws from, and unless an upstream back-off passed one of its slots
-    /// while it waited in the queue; without taking another token.
-    async fn send_booked(
-        &self,
-        draws: &[Draw<'_>],
-        ticket: Ticket,
-        req: Request,
-        extensions: &mut Extensions,
-        next: Next<'_>,
-    ) -> reqwest_middleware::Result<Response> {
-        let refused = |e: TicketError| Err(reqwest_middleware::Error::middleware(e));
-        if !ticket.verify(&self.config.ticket_secret) {
-            return refused(TicketError::Forged);
-        }
-        let booked: Vec<(&BucketKey, &Reservation)> = ticket.buckets().collect();
-        if booked.len() != draws.len() || draws.iter().zip(&booked).any(|(d, (k, _))| d.key != **k)
-        {
-            return refused(TicketError::OtherBucket);
-        }
-        if draws
-            .iter()
-            .zip(&booked)
-            .any(|(d, (_, r))| r.cost() < d.cost)
-        {
-            return refused(TicketError::TooCostly);
-        }
-        let first = &draws[0];
-        let now = self.clock.now();
-        let early = ticket.ready_in(now);
-        if !early.is_zero() {
-            tracing::debug!(
-                bucket = first.route.bucket(),
-                key = %first.key.fingerprint(),
-                early_ms = early.as_millis() as u64,
-                "local 429: a booked request sent before its time"
-            );
-            let limited = RateLimited::new(early, first.limit, first.route.bucket(), 0);
-            return Err(reqwest_middleware::Error::middleware(limited));
-        }
-        if now > ticket.expires_at() {
-            return refused(TicketError::Expired);
-        }
-        for (d, (_, reservation)) in draws.iter().zip(&booked) {
-            if let Some(retry) = self.halted_for(&d.key, d.limit, reservation).await {
-                tracing::debug!(
-                    bucket = d.route.bucket(),
-                    key = %d.key.fingerprint(),
-                    "local 429: an upstream back-off passed a booked slot"
-                );
-                let limited = RateLimited::new(retry, d.limit, d.route.bucket(), 0);
-                return Err(reqwest_middleware::Error::middleware(limited));
-            }
-        }
-        match self.spend(&ticket).await? {
-            Claim::First => {}
-            Claim::Spent => return refused(TicketError::Spent),
-            // The store lost the booking (or kept it a second past the grace, on a clock ahead
-            // of this one): whether it went is unknown, and it must not go twice.
-            Claim::Missing => return refused(TicketError::Expired),
-        }
-        let taken: Vec<Reservation> = booked.iter().map(|(_, r)| **r).collect();
-        let sent_at = tokio::time::Instant::now();
-        let res = next.run(req, extensions).await?;
-        // When the turn was booked, and so whether the bucket was spent, is not known here: the
-        // answer proves no margin, and lowers nothing.
-        self.after_several(draws, &taken, &res, 0, false, sent_at.elapsed())
-            .await;
-        Ok(res)
-    }
-
-    /// Every route that matches the request, in the order they were added, but for a route of a
-    /// bucket an earlier match draws from already (the first route of a bucket that matches
-    /// sets the request's cost there); the default route when none matches; none without a
-    /// default.
-    fn routes_for(&self, req: &Request) -> Vec<&Route> {
-        let config = &self.config;
-        let mut matching: Vec<&Route> = Vec::new();
-        for route in &config.routes {
-            if route.matches_url(req.method(), req.url())
-                && !matching.iter().any(|m| m.bucket == route.bucket)
-            {
-                matching.push(route);
-            }
-        }
-        if matching.is_empty() {
-            return config.default.iter().collect();
-        }
-        matching
-    }
-
-    fn key(&self, route: &Route, req: &Request, extensions: &Extensions) -> BucketKey {
-        account::request_key(
-            &route.bucket,
-            extensions,
-            req.headers(),
-            self.config.account_header.as_ref(),
-            self.config.key_secret.as_ref(),
-        )
-    }
-
-    /// Takes the request's tokens on a task of its own (the cancellation rule, `crate::cancel`).
-    async fn take(
-        &self,
-        key: &BucketKey,
-        limit: Limit,
-        cost: u32,
-        max_wait: Duration,
-    ) -> Result<Decision, StoreError> {
-        acquire_detached(&self.store, key, limit, cost, max_wait).await
-    }
 }
 
 #[async_trait::async_trait]
@@ -563,7 +281,7 @@ where
         if routes.is_empty() {
             return next.run(req, extensions).await;
         }
-        self.send_drawing(&routes, req, extensions, next).await
+        self.send(&routes, req, extensions, next).await
     }
 }
 
@@ -595,6 +313,3 @@ impl<St: fmt::Debug, K: fmt::Debug> fmt::Debug for RateLimitMiddleware<St, K> {
             .finish()
     }
 }
-
-#[cfg(test)]
-mod tests;

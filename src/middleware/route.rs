@@ -228,3 +228,210 @@ impl fmt::Display for InvalidRoute {
 }
 
 impl std::error::Error for InvalidRoute {}
+
+#[cfg(test)]
+mod tests {
+    use http::Method;
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::middleware::fuzz::fuzz_config;
+
+    #[test]
+    fn routes_match_method_host_and_path_patterns() {
+        let limit = Limit::per_minute(1).expect("a valid limit");
+        let exact = Route::new("orders", limit, "/api/v1/supplier/orders").expect("a route");
+        assert!(exact.matches_url(&Method::GET, &url("https://h/api/v1/supplier/orders?x=1")));
+        assert!(!exact.matches_url(&Method::GET, &url("https://h/api/v1/supplier/orders/7")));
+        assert!(!exact.matches_url(&Method::GET, &url("https://h/api/v1/supplier")));
+        let any = Route::new("card", limit, "/cards/*/detail").expect("a route");
+        assert!(any.matches_url(&Method::GET, &url("https://h/cards/42/detail")));
+        assert!(!any.matches_url(&Method::GET, &url("https://h/cards/detail")));
+        let rest = Route::new("all", limit, "/api/**")
+            .expect("a route")
+            .method(Method::POST)
+            .host("API.example");
+        assert!(rest.matches_url(&Method::POST, &url("https://api.example/api")));
+        assert!(rest.matches_url(&Method::POST, &url("https://api.example/api/a/b/c")));
+        assert!(!rest.matches_url(&Method::GET, &url("https://api.example/api/a")));
+        assert!(!rest.matches_url(&Method::POST, &url("https://other.example/api/a")));
+        assert_eq!(
+            Route::new("bad name", limit, "/").map(drop),
+            Err(crate::middleware::InvalidRoute::BucketName(
+                crate::InvalidName::Character {
+                    index: 3,
+                    byte: b' '
+                }
+            ))
+        );
+        assert_eq!(
+            Route::new("x", limit, "no-slash").map(drop),
+            Err(crate::middleware::InvalidRoute::Path)
+        );
+    }
+
+    fn orders_route() -> Route {
+        let limit = Limit::per_minute(1).expect("a valid limit");
+        Route::new("orders", limit, "/api/v1/supplier/orders").expect("a route")
+    }
+
+    fn url(s: &str) -> reqwest::Url {
+        reqwest::Url::parse(s).expect("a valid url")
+    }
+
+    #[test]
+    fn a_percent_encoded_unreserved_char_as_in_6frders_does_not_escape_its_route() {
+        let orders = orders_route();
+        for path in [
+            "/api/v1/supplier/%6Frders",
+            "/api/v1/supplier/%6frders",
+            "/%61pi/v%31/supplier/ord%65rs",
+            "/api/v1/supplier/%6F%72%64%65%72%73",
+        ] {
+            let at = url(&format!("https://h{path}"));
+            assert!(orders.matches_url(&Method::GET, &at), "{path} escaped");
+        }
+        // Unreserved punctuation decodes too, in patterns as in paths.
+        let limit = orders.limit();
+        let punct = Route::new("p", limit, "/a-b.c_d~e").expect("a route");
+        assert!(punct.matches_url(&Method::GET, &url("https://h/a%2Db%2Ec%5Fd%7ee")));
+        let encoded_pattern = Route::new("p", limit, "/%61-b.c_d~e").expect("a route");
+        assert!(encoded_pattern.matches_url(&Method::GET, &url("https://h/a-b.c_d~e")));
+        // What stays: case in the path, an escape of an upper-case letter, an encoded slash.
+        for path in [
+            "/api/v1/supplier/Orders",
+            "/api/v1/supplier/%4Frders",
+            "/api/v1/supplier%2Forders",
+            "/api/v1/supplier%2forders",
+            "/api/v1/supplier/orders%2Ejson",
+        ] {
+            let at = url(&format!("https://h{path}"));
+            assert!(!orders.matches_url(&Method::GET, &at), "{path} matched");
+        }
+        // Any other escape keeps its meaning, and the case of its hex digits does not matter.
+        let slash = Route::new("s", limit, "/files/a%2fb").expect("a route");
+        assert!(slash.matches_url(&Method::GET, &url("https://h/files/a%2Fb")));
+        assert!(!slash.matches_url(&Method::GET, &url("https://h/files/a/b")));
+    }
+
+    #[test]
+    fn dot_segments_as_in_dot_slash_and_x_dot_dot_do_not_escape_their_route() {
+        let orders = orders_route();
+        let paths = [
+            "/api/v1/./supplier/orders",
+            "/api/v1/supplier/x/../orders",
+            "/api/v1/supplier/%2E/orders",
+            "/api/v1/supplier/x/%2e%2E/orders",
+            "/api/v1/supplier/x/.%2E/orders",
+            "/../api/v1/supplier/orders",
+            "/api/v1/supplier/orders/x/..",
+            "/api/v1/supplier//x/../orders",
+        ];
+        for path in paths {
+            // A parsed URL has its dot segments removed already; a path handed over as text has
+            // not, and is normalized here.
+            let at = url(&format!("https://h{path}"));
+            assert!(orders.matches_url(&Method::GET, &at), "{path} escaped");
+            assert!(orders.matches_path(path), "{path} escaped");
+        }
+        for path in [
+            "/api/v1/supplier/orders/..",
+            "/api/v1/supplier/x%2E%2E/orders",
+            "/api/v1/supplier/../orders",
+        ] {
+            assert!(!orders.matches_path(path), "{path} matched");
+        }
+        // A pattern is normalized the same way.
+        let limit = orders.limit();
+        let dotted = Route::new("d", limit, "/api/./v1/x/../orders").expect("a route");
+        assert!(dotted.matches_url(&Method::GET, &url("https://h/api/v1/orders")));
+    }
+
+    #[test]
+    fn an_uppercase_host_or_one_with_a_trailing_dot_does_not_escape_its_route() {
+        let orders = orders_route().host("api.example");
+        for at in [
+            "https://API.EXAMPLE/api/v1/supplier/orders",
+            "https://Api.Example./api/v1/supplier/orders",
+            "https://api.example.:8443/api/v1/supplier/orders",
+        ] {
+            assert!(orders.matches_url(&Method::GET, &url(at)), "{at} escaped");
+        }
+        let dotted = orders_route().host("API.Example.");
+        assert!(dotted.matches_url(
+            &Method::GET,
+            &url("https://api.example/api/v1/supplier/orders")
+        ));
+        assert!(!orders.matches_url(
+            &Method::GET,
+            &url("https://api.example.com/api/v1/supplier/orders")
+        ));
+        assert!(!orders.matches_url(
+            &Method::GET,
+            &url("https://xapi.example/api/v1/supplier/orders")
+        ));
+    }
+
+    #[test]
+    fn empty_segments_and_a_trailing_slash_are_skipped_in_paths_and_patterns() {
+        let limit = Limit::per_minute(1).expect("a valid limit");
+        let trailing = Route::new("t", limit, "/api/v1/").expect("a route");
+        for path in ["/api/v1", "/api/v1/", "//api//v1//"] {
+            assert!(trailing.matches_path(path), "{path}");
+        }
+        assert!(!trailing.matches_path("/api/v1/x"));
+    }
+
+    /// Path segments of unreserved characters, each character with how to spell it (0 as it is, 1
+    /// an escape in upper-case hex, 2 in lower case), and what to put before the segment (0
+    /// nothing, 1 `./`, 2 `x/../`, 3 `%2E/`, 4 `x/%2e%2E/`, 5 an empty segment).
+    fn spelled_segments() -> impl Strategy<Value = Vec<(Vec<(char, u8)>, u8)>> {
+        let unreserved: Vec<char> = ('a'..='z')
+            .chain('A'..='Z')
+            .chain('0'..='9')
+            .chain(['-', '.', '_', '~'])
+            .collect();
+        let segment =
+            proptest::collection::vec((proptest::sample::select(unreserved), 0..3u8), 1..8)
+                .prop_filter("not a dot segment", |s| {
+                    !(s.len() <= 2 && s.iter().all(|(c, _)| *c == '.'))
+                });
+        proptest::collection::vec((segment, 0..6u8), 1..5)
+    }
+
+    proptest! {
+        #![proptest_config(fuzz_config())]
+
+        /// Any spelling of a path with escaped unreserved characters and dot segments matches the
+        /// route of its plain spelling, and one segment more does not.
+        #[test]
+        fn any_percent_encoding_of_a_matching_path_still_matches(segments in spelled_segments()) {
+            let plain: String = segments
+                .iter()
+                .map(|(s, _)| format!("/{}", s.iter().map(|(c, _)| *c).collect::<String>()))
+                .collect();
+            let mut spelled = String::new();
+            for (segment, before) in &segments {
+                let prefix = ["", "/.", "/x/..", "/%2E", "/x/%2e%2E", "/"][usize::from(*before)];
+                spelled.push_str(prefix);
+                spelled.push('/');
+                for (c, how) in segment {
+                    match how {
+                        0 => spelled.push(*c),
+                        1 => spelled.push_str(&format!("%{:02X}", u32::from(*c))),
+                        _ => spelled.push_str(&format!("%{:02x}", u32::from(*c))),
+                    }
+                }
+            }
+            let limit = Limit::per_minute(1).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let route = Route::new("p", limit, &plain)
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let at = reqwest::Url::parse(&format!("https://h{spelled}"))
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert!(route.matches_url(&Method::GET, &at), "{} escaped {}", spelled, plain);
+            prop_assert!(route.matches_path(&spelled), "{} escaped {}", spelled, plain);
+            let longer = format!("{spelled}/more");
+            prop_assert!(!route.matches_path(&longer), "{} matched {}", longer, plain);
+        }
+    }
+}

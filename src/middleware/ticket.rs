@@ -5,7 +5,6 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::{Duration, SystemTime};
 
-use crate::store::Source;
 use crate::{BucketKey, KeySecret, Reservation};
 
 /// A turn booked in a route's shared bucket for a request that a job queue sends later, from
@@ -159,10 +158,8 @@ impl Ticket {
     /// Everything the MAC covers: the text without the MAC.
     fn signed_text(&self) -> String {
         format!(
-            "{TAG}:{}:{}:{}:{}:{}:{}{}",
-            self.reservation.ready_at_ms(),
-            self.reservation.cost(),
-            source_code(self.reservation.source()),
+            "{TAG}:{}:{}:{}:{}{}",
+            self.reservation.to_text(),
             self.until_ms,
             hex(&self.nonce),
             self.key.as_str(),
@@ -174,24 +171,8 @@ impl Ticket {
     fn more_text(&self) -> String {
         self.more
             .iter()
-            .map(|(key, r)| {
-                format!(
-                    ";{}:{}:{}:{}",
-                    r.ready_at_ms(),
-                    r.cost(),
-                    source_code(r.source()),
-                    key.as_str()
-                )
-            })
+            .map(|(key, r)| format!(";{}:{}", r.to_text(), key.as_str()))
             .collect()
-    }
-}
-
-fn source_code(source: Source) -> char {
-    match source {
-        Source::Store => 's',
-        Source::Local => 'l',
-        Source::Nothing => 'n',
     }
 }
 
@@ -223,10 +204,8 @@ impl fmt::Display for Ticket {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{TAG}:{}:{}:{}:{}:{}:{}:{}{}",
-            self.reservation.ready_at_ms(),
-            self.reservation.cost(),
-            source_code(self.reservation.source()),
+            "{TAG}:{}:{}:{}:{}:{}{}",
+            self.reservation.to_text(),
             self.until_ms,
             hex(&self.nonce),
             hex(&self.mac),
@@ -247,21 +226,17 @@ impl FromStr for Ticket {
         let mut turns = s.split(';');
         let first = turns.next().ok_or(TicketError::Malformed)?;
         let rest = first.strip_prefix(TAG).and_then(|r| r.strip_prefix(':'));
-        let mut fields = rest.ok_or(TicketError::Malformed)?.splitn(7, ':');
+        let (reservation, rest) = turn(rest.ok_or(TicketError::Malformed)?)?;
+        let mut fields = rest.splitn(4, ':');
         let mut next = || fields.next().ok_or(TicketError::Malformed);
-        let (ready, cost, source) = (next()?, next()?, next()?);
-        let reservation = turn(ready, cost, source)?;
         let until_ms = number(next()?)?;
         let nonce = unhex::<16>(next()?).ok_or(TicketError::Malformed)?;
         let mac = unhex::<32>(next()?).ok_or(TicketError::Malformed)?;
         let key = BucketKey::from_id(next()?).ok_or(TicketError::Malformed)?;
         let more = turns
             .map(|text| {
-                let mut fields = text.splitn(4, ':');
-                let mut next = || fields.next().ok_or(TicketError::Malformed);
-                let (ready, cost, source) = (next()?, next()?, next()?);
-                let r = turn(ready, cost, source)?;
-                let key = BucketKey::from_id(next()?).ok_or(TicketError::Malformed)?;
+                let (r, key) = turn(text)?;
+                let key = BucketKey::from_id(key).ok_or(TicketError::Malformed)?;
                 Ok((key, r))
             })
             .collect::<Result<Vec<_>, TicketError>>()?;
@@ -284,20 +259,17 @@ fn number(s: &str) -> Result<u64, TicketError> {
         .ok_or(TicketError::Malformed)
 }
 
-/// A turn from its slot, cost and source in the text; a cost of zero is no turn.
-fn turn(ready: &str, cost: &str, source: &str) -> Result<Reservation, TicketError> {
-    let ready_at_ms = number(ready)?;
-    let cost = u32::try_from(number(cost)?).map_err(|_| TicketError::Malformed)?;
-    let source = match source {
-        "s" => Source::Store,
-        "l" => Source::Local,
-        "n" => Source::Nothing,
-        _ => return Err(TicketError::Malformed),
-    };
-    if cost == 0 {
-        return Err(TicketError::Malformed);
+/// The turn at the start of `text`, its reservation's three fields (the store's text of it, see
+/// `Reservation::to_text`), and the rest of the text after them; a cost of zero is no turn.
+fn turn(text: &str) -> Result<(Reservation, &str), TicketError> {
+    let mut end = 0;
+    for _ in 0..3 {
+        end += text[end..].find(':').ok_or(TicketError::Malformed)? + 1;
     }
-    Ok(Reservation::from_parts(cost, ready_at_ms, source))
+    let reservation = Reservation::from_text(&text[..end - 1])
+        .filter(|r| r.cost() > 0)
+        .ok_or(TicketError::Malformed)?;
+    Ok((reservation, &text[end..]))
 }
 
 impl fmt::Debug for Ticket {
@@ -378,7 +350,10 @@ mod tests {
     fn ticket(key: &str, cost: u32, ready_at_ms: u64) -> Ticket {
         Ticket::signed(
             BucketKey::new("orders", key).expect("a key"),
-            Reservation::from_parts(cost, ready_at_ms, Source::Store),
+            Reservation::new(
+                cost,
+                SystemTime::UNIX_EPOCH + Duration::from_millis(ready_at_ms),
+            ),
             Vec::new(),
             Duration::from_millis(500),
             &secret(),

@@ -437,17 +437,6 @@ impl Reservation {
         Self { cost, ..self }
     }
 
-    /// A reservation as its three parts, for a [`Ticket`](crate::middleware::Ticket) read back
-    /// from its text.
-    #[cfg(feature = "reqwest")]
-    pub(crate) fn from_parts(cost: u32, ready_at_ms: u64, source: Source) -> Self {
-        Self {
-            cost,
-            ready_at_ms: ready_at_ms.min(crate::bucket::MAX_TIME),
-            source,
-        }
-    }
-
     /// A reservation of `cost` tokens for the slot at `ready_at`, of the store's own buckets.
     pub fn new(cost: u32, ready_at: SystemTime) -> Self {
         Self {
@@ -479,6 +468,90 @@ impl Reservation {
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn source(&self) -> Source {
         self.source
+    }
+}
+
+#[cfg(feature = "reqwest")]
+impl Reservation {
+    /// The reservation as text, `<slot>:<cost>:<source>`: the slot in ms since the Unix epoch,
+    /// the tokens, and the bucket that gave them as one letter (`s` the store's, `l` the local
+    /// ones of an outage, `n` none). A [`Ticket`](crate::middleware::Ticket) carries its
+    /// reservations so, and the refund of one read back goes to the bucket that gave its tokens.
+    pub(crate) fn to_text(self) -> String {
+        let source = match self.source {
+            Source::Store => 's',
+            Source::Local => 'l',
+            Source::Nothing => 'n',
+        };
+        format!("{}:{}:{source}", self.ready_at_ms, self.cost)
+    }
+
+    /// The reservation [`to_text`](Self::to_text) wrote; `None` for any other text. A slot past
+    /// the latest time the arithmetic takes is that time.
+    pub(crate) fn from_text(text: &str) -> Option<Self> {
+        // ASCII digits only (no sign, no space), at most `u64::MAX`.
+        let number = |s: &str| {
+            (!s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+                .then(|| s.parse::<u64>().ok())
+                .flatten()
+        };
+        let mut parts = text.split(':');
+        let (slot, cost, source) = (parts.next()?, parts.next()?, parts.next()?);
+        if parts.next().is_some() {
+            return None;
+        }
+        let source = match source {
+            "s" => Source::Store,
+            "l" => Source::Local,
+            "n" => Source::Nothing,
+            _ => return None,
+        };
+        Some(Self {
+            cost: u32::try_from(number(cost)?).ok()?,
+            ready_at_ms: number(slot)?.min(crate::bucket::MAX_TIME),
+            source,
+        })
+    }
+}
+
+#[cfg(all(test, feature = "reqwest"))]
+mod reservation_text {
+    use super::{Reservation, Source};
+
+    #[test]
+    fn a_reservation_reads_back_from_its_text() {
+        let at = |cost, ready_at_ms, source| Reservation {
+            cost,
+            ready_at_ms,
+            source,
+        };
+        for (r, text) in [
+            (at(2, 1_796_000_000_123, Source::Store), "1796000000123:2:s"),
+            (at(1, 0, Source::Local), "0:1:l"),
+            (at(u32::MAX, 5, Source::Nothing), "5:4294967295:n"),
+        ] {
+            assert_eq!(r.to_text(), text);
+            assert_eq!(Reservation::from_text(text), Some(r), "{text}");
+        }
+        // A slot past the latest time the arithmetic takes reads as that time.
+        let late = Reservation::from_text("18446744073709551615:1:s").expect("reads");
+        assert_eq!(late.ready_at_ms(), crate::bucket::MAX_TIME);
+        for bad in [
+            "",
+            "1:2",
+            "1:2:s:k",
+            "x:2:s",
+            "+1:2:s",
+            "1:-2:s",
+            " 1:2:s",
+            "1::s",
+            "1:4294967296:s",
+            "18446744073709551616:1:s",
+            "1:2:x",
+            "1:2:S",
+        ] {
+            assert_eq!(Reservation::from_text(bad), None, "{bad:?}");
+        }
     }
 }
 

@@ -17,6 +17,8 @@ mod stores;
 #[cfg(any(feature = "tower", feature = "reqwest"))]
 pub(crate) use stores::SlowReplies;
 #[cfg(feature = "reqwest")]
+pub(crate) use stores::{HeldDrains, RefusedBookings};
+#[cfg(feature = "reqwest")]
 pub(crate) mod upstream;
 
 /// The time a `ManualClock` starts at in the tests, in ms since the epoch (November 2023).

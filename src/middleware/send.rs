@@ -1,7 +1,9 @@
-//! Sending a request through the routes that match it: every one applies, and their buckets are
-//! taken at once, all or none ([`BucketStore::acquire_all`]), the request going at the latest of
-//! their times; one route's bucket is one plain decision, and more buckets than one call takes
-//! ([`MAX_TAKES`]) are taken in turn, each at the time the request goes.
+//! Sending a request: the buckets of the routes that match it, its turn waited for on all of
+//! them, the request sent, and the answer settled on each. Every route that matches applies, and
+//! their buckets are taken at once, all or none ([`BucketStore::acquire_all`]), the request going
+//! at the latest of their times; one route's bucket is one plain decision, and more buckets than
+//! one call takes ([`MAX_TAKES`]) are taken in turn, each at the time the request goes. A request
+//! that holds a [`Ticket`](super::Ticket) goes on its booked turn instead.
 
 use std::time::Duration;
 
@@ -9,17 +11,17 @@ use http::Extensions;
 use reqwest::{Request, Response};
 use reqwest_middleware::Next;
 
-use super::{Cost, RateLimitMiddleware, Route, follow};
-use crate::cancel::{RefundGuard, acquire_all_detached};
+use super::{Cost, RateLimitMiddleware, Route, account, follow};
+use crate::cancel::{RefundGuard, acquire_all_detached, acquire_detached};
 use crate::clock::Clock;
 use crate::error::BackendError;
 use crate::{
     BucketKey, BucketStore, Decision, Limit, MAX_TAKES, RateLimited, Reservation, StoreError,
 };
 
-/// One bucket a request draws from: a route that matches it, and the request's key, limit and
-/// cost there.
-pub(super) struct Draw<'r> {
+/// One route's take: as the store's [`Take`](crate::Take), the bucket a request draws from, its
+/// limit and the request's cost there, with the route that matched.
+pub(super) struct RouteTake<'r> {
     pub(super) route: &'r Route,
     pub(super) key: BucketKey,
     pub(super) limit: Limit,
@@ -31,18 +33,59 @@ where
     St: BucketStore + Clone,
     K: Clock + Clone,
 {
-    /// The buckets of the routes that match a request: a [`Cost`] on the request applies to
-    /// each, and each route's own cost otherwise.
-    pub(super) fn draws<'r>(
+    /// Every route that matches the request, in the order they were added, but for a route of a
+    /// bucket an earlier match draws from already (the first route of a bucket that matches
+    /// sets the request's cost there); the default route when none matches; none without a
+    /// default.
+    pub(super) fn routes_for(&self, req: &Request) -> Vec<&Route> {
+        let config = &self.config;
+        let mut matching: Vec<&Route> = Vec::new();
+        for route in &config.routes {
+            if route.matches_url(req.method(), req.url())
+                && !matching.iter().any(|m| m.bucket == route.bucket)
+            {
+                matching.push(route);
+            }
+        }
+        if matching.is_empty() {
+            return config.default.iter().collect();
+        }
+        matching
+    }
+
+    fn key(&self, route: &Route, req: &Request, extensions: &Extensions) -> BucketKey {
+        account::request_key(
+            &route.bucket,
+            extensions,
+            req.headers(),
+            self.config.account_header.as_ref(),
+            self.config.key_secret.as_ref(),
+        )
+    }
+
+    /// Takes the request's tokens on a task of its own (the cancellation rule, `crate::cancel`).
+    async fn acquire(
+        &self,
+        key: &BucketKey,
+        limit: Limit,
+        cost: u32,
+        max_wait: Duration,
+    ) -> Result<Decision, StoreError> {
+        acquire_detached(&self.store, key, limit, cost, max_wait).await
+    }
+
+    /// The takes of the routes that match a request: a [`Cost`] on the request applies to each,
+    /// and each route's own cost otherwise.
+    pub(super) fn takes<'r>(
         &self,
         routes: &[&'r Route],
         req: &Request,
         extensions: &Extensions,
-    ) -> Vec<Draw<'r>> {
+    ) -> Vec<RouteTake<'r>> {
         let cost = extensions.get::<Cost>().map(Cost::tokens);
         routes
             .iter()
-            .map(|&route| Draw {
+            .map(|&route| RouteTake {
                 route,
                 key: self.key(route, req, extensions),
                 limit: route.limit,
@@ -55,11 +98,11 @@ where
     /// of its routes (two token periods per token of its cost, each). A waiting request holds
     /// every one of its buckets' tokens for its slot, so that each bucket's other requests queue
     /// behind it; the shortest default keeps that within two token periods of every route.
-    pub(super) fn ceiling(&self, draws: &[Draw<'_>]) -> Duration {
+    pub(super) fn ceiling(&self, takes: &[RouteTake<'_>]) -> Duration {
         self.config.max_wait.unwrap_or_else(|| {
-            draws
+            takes
                 .iter()
-                .map(|d| d.limit.default_max_wait(d.cost))
+                .map(|t| t.limit.default_max_wait(t.cost))
                 .min()
                 .unwrap_or(Duration::ZERO)
         })
@@ -68,30 +111,30 @@ where
     /// Takes the tokens of every bucket at once, on a task of its own (the cancellation rule,
     /// `crate::cancel`): one decision per bucket, in order, all admitted or none. One bucket is
     /// one plain `acquire`; more than [`MAX_TAKES`] are taken in turn
-    /// ([`take_in_turn`](Self::take_in_turn)).
-    pub(super) async fn take_all(
+    /// ([`acquire_in_turn`](Self::acquire_in_turn)).
+    pub(super) async fn acquire_all(
         &self,
-        draws: &[Draw<'_>],
+        takes: &[RouteTake<'_>],
         max_wait: Duration,
     ) -> reqwest_middleware::Result<Vec<Decision>> {
-        if let [one] = draws {
+        if let [one] = takes {
             let decision = self
-                .take(&one.key, one.limit, one.cost, max_wait)
+                .acquire(&one.key, one.limit, one.cost, max_wait)
                 .await
                 .map_err(reqwest_middleware::Error::middleware)?;
             return Ok(vec![decision]);
         }
-        if draws.len() > MAX_TAKES {
-            return self.take_in_turn(draws, max_wait).await;
+        if takes.len() > MAX_TAKES {
+            return self.acquire_in_turn(takes, max_wait).await;
         }
-        let buckets = draws
+        let buckets = takes
             .iter()
-            .map(|d| (d.key.clone(), d.limit, d.cost))
+            .map(|t| (t.key.clone(), t.limit, t.cost))
             .collect();
         let decisions = acquire_all_detached(&self.store, buckets, max_wait)
             .await
             .map_err(reqwest_middleware::Error::middleware)?;
-        if decisions.len() != draws.len() {
+        if decisions.len() != takes.len() {
             return Err(reqwest_middleware::Error::middleware(StoreError::Backend(
                 BackendError::new(
                     "the store answered a request on several buckets with another number of decisions",
@@ -114,18 +157,18 @@ where
     /// the upstream sooner than its limit allows. The price is the queue: such a request holds
     /// no place in one while it waits, so requests that reserve go first (docs/middleware.md,
     /// "Several limits on one request").
-    async fn take_in_turn(
+    async fn acquire_in_turn(
         &self,
-        draws: &[Draw<'_>],
+        takes: &[RouteTake<'_>],
         max_wait: Duration,
     ) -> reqwest_middleware::Result<Vec<Decision>> {
         let started = tokio::time::Instant::now();
         loop {
             // Gives back on drop too: a caller gone in the middle of the takes.
             let mut guard = RefundGuard::new(self.store.clone());
-            let mut decisions = Vec::with_capacity(draws.len());
-            for d in draws {
-                let decision = match self.take(&d.key, d.limit, d.cost, Duration::ZERO).await {
+            let mut decisions = Vec::with_capacity(takes.len());
+            for t in takes {
+                let decision = match self.acquire(&t.key, t.limit, t.cost, Duration::ZERO).await {
                     Ok(decision) => decision,
                     Err(e) => {
                         guard.refund_all().await;
@@ -133,7 +176,7 @@ where
                     }
                 };
                 if let Some(reservation) = decision.reservation() {
-                    guard.push(d.key.clone(), d.limit, reservation);
+                    guard.push(t.key.clone(), t.limit, reservation);
                 }
                 let retry = decision.retry_after();
                 decisions.push(decision);
@@ -143,9 +186,9 @@ where
                     return Ok(decisions);
                 }
                 tracing::debug!(
-                    bucket = d.route.bucket(),
-                    key = %d.key.fingerprint(),
-                    buckets = draws.len(),
+                    bucket = t.route.bucket(),
+                    key = %t.key.fingerprint(),
+                    buckets = takes.len(),
                     retry_ms = retry.as_millis() as u64,
                     "more buckets than one call takes: trying again when the refusing one allows"
                 );
@@ -153,7 +196,7 @@ where
                 tokio::time::sleep(retry.max(Duration::from_millis(1))).await;
                 break;
             }
-            if decisions.len() == draws.len() && decisions.iter().all(Decision::is_admitted) {
+            if decisions.len() == takes.len() && decisions.iter().all(Decision::is_admitted) {
                 guard.disarm();
                 return Ok(decisions);
             }
@@ -162,26 +205,26 @@ where
 
     /// The local 429 of a request on several buckets that was refused: the route whose time
     /// is furthest off (the first of equal ones) refused it.
-    pub(super) fn refusal(draws: &[Draw<'_>], decisions: &[Decision]) -> RateLimited {
+    pub(super) fn refusal(takes: &[RouteTake<'_>], decisions: &[Decision]) -> RateLimited {
         let refusing = (0..decisions.len())
             .rev()
             .max_by_key(|&k| decisions[k].retry_after())
             .unwrap_or(0);
-        let (draw, decision) = (&draws[refusing], &decisions[refusing]);
+        let (take, decision) = (&takes[refusing], &decisions[refusing]);
         let retry = decision.retry_after().unwrap_or(Duration::ZERO);
         tracing::debug!(
-            bucket = draw.route.bucket(),
-            key = %draw.key.fingerprint(),
+            bucket = take.route.bucket(),
+            key = %take.key.fingerprint(),
             retry_ms = retry.as_millis() as u64,
             "local 429: the wait would pass the ceiling"
         );
-        RateLimited::new(retry, draw.limit, draw.route.bucket(), decision.remaining())
+        RateLimited::new(retry, take.limit, take.route.bucket(), decision.remaining())
     }
 
     /// Whether an upstream back-off passed the slot of any of the request's reservations.
-    async fn any_halted(&self, draws: &[Draw<'_>], reservations: &[Reservation]) -> bool {
-        for (d, r) in draws.iter().zip(reservations) {
-            if self.halted(&d.key, d.limit, r).await {
+    async fn any_halted(&self, takes: &[RouteTake<'_>], reservations: &[Reservation]) -> bool {
+        for (t, r) in takes.iter().zip(reservations) {
+            if self.halted(&t.key, t.limit, r).await {
                 return true;
             }
         }
@@ -193,28 +236,28 @@ where
     /// settles its cost on each, backs every bucket off on a 429 (or a 503 with a time), and
     /// lowers the first route's bucket to what the upstream reports left. A request holding a
     /// [`Ticket`](super::Ticket) goes on its booked turn instead.
-    pub(super) async fn send_drawing(
+    pub(super) async fn send(
         &self,
         routes: &[&Route],
         req: Request,
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
-        let draws = self.draws(routes, &req, extensions);
+        let takes = self.takes(routes, &req, extensions);
         if let Some(ticket) = extensions.get::<super::Ticket>().cloned() {
             return self
-                .send_booked(&draws, ticket, req, extensions, next)
+                .send_booked(&takes, ticket, req, extensions, next)
                 .await;
         }
-        let max_wait = self.ceiling(&draws);
+        let max_wait = self.ceiling(&takes);
         let started = tokio::time::Instant::now();
         let mut ceiling = max_wait;
         let mut expected = 0;
         let mut queued = false;
         let taken = loop {
-            let decisions = self.take_all(&draws, ceiling).await?;
+            let decisions = self.acquire_all(&takes, ceiling).await?;
             if !decisions.iter().all(Decision::is_admitted) {
-                let limited = Self::refusal(&draws, &decisions);
+                let limited = Self::refusal(&takes, &decisions);
                 return Err(reqwest_middleware::Error::middleware(limited));
             }
             let reservations: Vec<Reservation> =
@@ -226,22 +269,22 @@ where
             }
             queued = true;
             let mut guard = RefundGuard::new(self.store.clone());
-            for (d, r) in draws.iter().zip(&reservations) {
-                guard.push(d.key.clone(), d.limit, *r);
+            for (t, r) in takes.iter().zip(&reservations) {
+                guard.push(t.key.clone(), t.limit, *r);
             }
             tracing::debug!(
-                buckets = draws.len(),
+                buckets = takes.len(),
                 wait_ms = wait.as_millis() as u64,
                 "waiting for reserved tokens"
             );
             tokio::time::sleep(wait).await;
             guard.disarm();
-            if !self.any_halted(&draws, &reservations).await {
+            if !self.any_halted(&takes, &reservations).await {
                 break reservations;
             }
             ceiling = max_wait.saturating_sub(started.elapsed());
             tracing::debug!(
-                buckets = draws.len(),
+                buckets = takes.len(),
                 ceiling_ms = ceiling.as_millis() as u64,
                 "an upstream back-off passed a reserved slot: queuing again"
             );
@@ -249,25 +292,25 @@ where
         let sent_at = tokio::time::Instant::now();
         let res = next.run(req, extensions).await?;
         let rtt = sent_at.elapsed();
-        self.after_several(&draws, &taken, &res, expected, queued, rtt)
+        self.after_answer(&takes, &taken, &res, expected, queued, rtt)
             .await;
         Ok(res)
     }
 
-    /// What the answer to a request on several buckets asks of each: its cost settled on every
-    /// bucket, a back-off or an error's cost applied to every bucket, and the upstream's
-    /// report of what is left followed on the first route's bucket alone.
-    pub(super) async fn after_several(
+    /// What the answer asks of each of the request's buckets: its cost settled on every bucket,
+    /// a back-off or an error's cost applied to every bucket, and the upstream's report of what
+    /// is left followed on the first route's bucket alone.
+    pub(super) async fn after_answer(
         &self,
-        draws: &[Draw<'_>],
+        takes: &[RouteTake<'_>],
         taken: &[Reservation],
         res: &Response,
         expected: u32,
         queued: bool,
         rtt: Duration,
     ) {
-        for (n, (d, r)) in draws.iter().zip(taken).enumerate() {
-            let settle = self.settlement(&d.key, d.limit, res, *r);
+        for (n, (t, r)) in takes.iter().zip(taken).enumerate() {
+            let settle = self.settlement(&t.key, t.limit, res, *r);
             let sent = follow::Sent {
                 expected: if n == 0 { expected } else { 0 },
                 queued,
@@ -276,10 +319,10 @@ where
                 rtt,
             };
             if let Some(settle) = settle {
-                settle.apply(&self.store, &d.key, d.limit).await;
+                settle.apply(&self.store, &t.key, t.limit).await;
             }
-            if let Some(feedback) = self.feedback(&d.key, d.limit, res, &sent, n == 0) {
-                feedback.apply(&self.store, &d.key, d.limit).await;
+            if let Some(feedback) = self.feedback(&t.key, t.limit, res, &sent, n == 0) {
+                feedback.apply(&self.store, &t.key, t.limit).await;
             }
         }
     }
