@@ -30,15 +30,17 @@ use crate::store::{
 };
 use crate::{BucketKey, InvalidKey, Limit};
 
+mod breaker;
 mod deny_cache;
 mod outage;
 mod reconnect;
 mod script;
 pub mod wire;
 
+pub use breaker::Breaker;
+use breaker::Circuit;
 use deny_cache::{Check, CheckAll, DenyCache};
-use outage::Circuit;
-pub use outage::{Breaker, OutagePolicy};
+pub use outage::OutagePolicy;
 use reconnect::Reconnect;
 use script::Failure;
 use wire::{Args, FORMAT, Op, RedisKey};
