@@ -10,6 +10,7 @@ mod grpc;
 mod headers;
 mod info;
 mod ip;
+mod key_extractor;
 #[allow(clippy::module_inception)] // the tower-http layout: layer.rs, service.rs, future.rs
 mod layer;
 mod observe;
@@ -23,8 +24,9 @@ pub use self::future::ResponseFuture;
 pub use self::headers::FieldVersion;
 pub use self::info::RateLimitInfo;
 pub use self::ip::Ipv6Prefix;
+pub use self::key_extractor::KeyExtractor;
 pub use self::layer::RateLimitLayer;
 pub use self::observe::{DecisionEvent, Outcome};
 pub use self::proxies::{ForwardedHeader, InvalidProxy, TrustedProxies};
-pub use self::rule::{KeyExtractor, MissingKey, Rule};
+pub use self::rule::{MissingKey, Rule};
 pub use self::service::RateLimit;
