@@ -232,6 +232,47 @@ pub(crate) fn policy<'a>(items: impl Iterator<Item = &'a HeaderValue>) -> Option
     out.header_value()
 }
 
+/// One rule that applied, as the draft-10 `RateLimit-Policy` names it: its item, built once, and
+/// what builds another when the limit it applied is not its own (a dynamic limit).
+#[derive(Clone, Copy)]
+pub(crate) struct Applied<'a> {
+    /// The rule's prebuilt item, for its own limit.
+    pub(crate) item: &'a HeaderValue,
+    pub(crate) name: &'a str,
+    /// The rule's own limit.
+    pub(crate) own: Limit,
+    /// The limit the rule applied to the request.
+    pub(crate) limit: Limit,
+}
+
+/// The draft-10 `RateLimit-Policy` of a request, the one place a layer builds it: `applied` are
+/// the rules that applied, in order, each once, of the layer's `rules`; `all` is the value
+/// prebuilt for every rule, and `any_dynamic` whether any rule has a dynamic limit. The prebuilt
+/// values while every limit is its rule's own, built afresh for a dynamic one.
+#[inline]
+pub(crate) fn policy_for<'a>(
+    all: Option<&HeaderValue>,
+    rules: usize,
+    any_dynamic: bool,
+    applied: impl Iterator<Item = Applied<'a>> + Clone,
+) -> Option<HeaderValue> {
+    // Every rule applied, none with a dynamic limit, the usual case: the value prebuilt for them
+    // all, taken here rather than after the general case's checks.
+    if !any_dynamic && applied.clone().count() == rules {
+        return all.cloned();
+    }
+    if !any_dynamic || applied.clone().all(|a| a.limit == a.own) {
+        if applied.clone().count() == rules {
+            return all.cloned();
+        }
+        return policy(applied.map(|a| a.item));
+    }
+    let items: Vec<HeaderValue> = applied
+        .filter_map(|a| policy_item(a.name, a.limit))
+        .collect();
+    policy(items.iter())
+}
+
 /// One rule's state after a request: an item of the draft-10 `RateLimit` field, or what the
 /// draft-06 fields are made of.
 #[derive(Clone, Copy)]
@@ -647,6 +688,46 @@ mod tests {
         let (d, _) = decide(l, state, 0, 1, 1000);
         let refunded = Item::refunded("per-key", &d, 1);
         assert_eq!((refunded.remaining, refunded.next_ms), (0, 200));
+    }
+
+    #[test]
+    fn a_requests_policy_is_prebuilt_unless_a_dynamic_limit_is_not_its_rules_own() {
+        let rules = [
+            ("per-key", limit(10, 1000, 10)),
+            ("orders", limit(1, 60_000, 10)),
+        ];
+        let items: Vec<HeaderValue> = rules
+            .iter()
+            .filter_map(|&(name, own)| policy_item(name, own))
+            .collect();
+        let all = policy(items.iter());
+        let of = |any_dynamic, applied: &[(usize, Limit)]| {
+            let applied = applied.iter().map(|&(i, limit)| Applied {
+                item: &items[i],
+                name: rules[i].0,
+                own: rules[i].1,
+                limit,
+            });
+            text(policy_for(all.as_ref(), rules.len(), any_dynamic, applied))
+        };
+        let both = "\"per-key\";q=10;w=1, \"orders\";q=10;w=600";
+        for any_dynamic in [false, true] {
+            assert_eq!(
+                of(any_dynamic, &[(0, rules[0].1), (1, rules[1].1)]).as_deref(),
+                Some(both)
+            );
+            assert_eq!(
+                of(any_dynamic, &[(1, rules[1].1)]).as_deref(),
+                Some("\"orders\";q=10;w=600")
+            );
+            assert!(of(any_dynamic, &[]).is_none());
+        }
+        // A dynamic limit other than its rule's own: that item is built afresh.
+        let other = limit(1, 60_000, 1);
+        assert_eq!(
+            of(true, &[(0, rules[0].1), (1, other)]).as_deref(),
+            Some("\"per-key\";q=10;w=1, \"orders\";q=1;w=60")
+        );
     }
 
     #[test]
