@@ -51,7 +51,7 @@ pub(crate) use take::{check_cost, check_takes, check_tokens};
 #[cfg(feature = "redis")]
 mod redis;
 #[cfg(feature = "redis")]
-pub use self::redis::wire;
+pub use self::redis::raw;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use self::redis::{Breaker, OutagePolicy, RedisStore};

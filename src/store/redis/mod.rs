@@ -33,9 +33,10 @@ use crate::{BucketKey, InvalidKey, Limit};
 mod breaker;
 mod deny_cache;
 mod outage;
+pub mod raw;
 mod reconnect;
 mod script;
-pub mod wire;
+mod wire;
 
 pub use breaker::Breaker;
 use breaker::Circuit;

@@ -1,20 +1,17 @@
 //! What goes over the wire to the script and back: the key, the command and its packed
 //! argument, the script's replies, and the stored value.
 //!
-//! This module is the one place that writes and reads that format. The workspace's tools reach
-//! the little of it they need ([`Acquire`], [`script`]) through `burstgate::__private::wire`,
-//! outside the stable API, rather than keep a copy of their own.
+//! This module is the one place that writes and reads that format, and a leaf: it uses nothing of
+//! the store's but value types (the arithmetic's, the keys', the limits' and the errors'), so
+//! the store, the scripts' calls and the tests all build on it and it on none of them. The
+//! workspace's tools reach it through `raw.rs`.
 
 use std::fmt;
-use std::time::Duration;
 
 use redis::{Cmd, Value};
 
-use super::RedisStore;
-pub use super::script::script;
 use crate::bucket::{self, Outcome, Params, State};
-use crate::clock::whole_ms;
-use crate::store::{BackendError, StoreError, Take, check_cost};
+use crate::store::{BackendError, StoreError, Take};
 use crate::{BucketKey, Limit};
 
 /// The version of the key scheme and stored format, part of every key: a change of either moves
@@ -473,47 +470,6 @@ pub(super) fn parse_all(value: &Value, takes: &[Take<'_>]) -> Result<Vec<Each>, 
     Ok(each)
 }
 
-/// An acquire made as the store makes it, for a program that calls the script itself: the
-/// workspace's load generator, which measures the script with no store in between. Not part
-/// of the stable API.
-#[derive(Debug, Clone, Copy)]
-pub struct Acquire(Args);
-
-impl Acquire {
-    /// An acquire of `cost` tokens that may wait up to `max_wait`, refused as the store refuses
-    /// it: [`StoreError::ZeroCost`] and [`StoreError::CostAboveBurst`].
-    pub fn new(limit: Limit, cost: u32, max_wait: Duration) -> Result<Self, StoreError> {
-        check_cost(&limit, cost)?;
-        Ok(Self(Args {
-            op: Op::Acquire,
-            limit,
-            x: u64::from(cost),
-            max_wait: whole_ms(max_wait),
-        }))
-    }
-
-    /// The `EVALSHA` of this acquire on `key`, under `store`'s prefix, at `now` (milliseconds
-    /// since the Unix epoch): the command the store sends. Redis must hold the [`script`]
-    /// already, since nothing falls back to `EVAL` here.
-    pub fn command<C, K>(&self, store: &RedisStore<C, K>, key: &BucketKey, now: u64) -> Cmd {
-        let redis_key = RedisKey {
-            prefix: &store.prefix,
-            key,
-        };
-        self.command_for(redis_key, now)
-    }
-
-    fn command_for(&self, redis_key: RedisKey<'_>, now: u64) -> Cmd {
-        command("EVALSHA", script().get_hash(), redis_key, &self.0.pack(now))
-    }
-
-    /// Whether the script's `reply` to this acquire, sent at `now`, admitted it; a reply the
-    /// store would refuse is the error the store gives for it.
-    pub fn admitted(&self, reply: &Value, now: u64) -> Result<bool, StoreError> {
-        parse_reply(reply, &self.0, now).map(|reply| reply.outcome.allowed)
-    }
-}
-
 /// The halt of a stored value: its fourth `f64`, or 0 for a value of three.
 #[cfg(test)]
 pub(super) fn decode_halt(value: &[u8]) -> Option<f64> {
@@ -525,7 +481,7 @@ pub(super) fn decode_halt(value: &[u8]) -> Option<f64> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     fn packed(numbers: [f64; 5], tail: &[u8]) -> Value {
@@ -534,10 +490,10 @@ mod tests {
         Value::BulkString(bytes)
     }
 
-    const NOW: u64 = 1_700_000_000_000;
+    pub(in crate::store::redis) const NOW: u64 = 1_700_000_000_000;
 
     /// An acquire of 1 on 10 per second, burst 10.
-    fn acquire() -> Args {
+    pub(in crate::store::redis) fn acquire() -> Args {
         Args {
             op: Op::Acquire,
             limit: Limit::per_second(10).expect("a limit"),
@@ -551,7 +507,7 @@ mod tests {
         matches!(parse_reply(value, args, NOW), Err(StoreError::Backend(_)))
     }
 
-    fn state(t: f64, ts: f64) -> Value {
+    pub(in crate::store::redis) fn state(t: f64, ts: f64) -> Value {
         let keep = ts + 60_000.0;
         Value::BulkString([t.to_le_bytes(), ts.to_le_bytes(), keep.to_le_bytes()].concat())
     }
@@ -669,7 +625,7 @@ mod tests {
     }
 
     /// The stored value alone, in an array: a denial with no wait allowed.
-    fn denial_of(t: f64, ts: f64) -> Value {
+    pub(in crate::store::redis) fn denial_of(t: f64, ts: f64) -> Value {
         Value::Array(vec![state(t, ts)])
     }
 
@@ -810,50 +766,6 @@ mod tests {
             ]
         );
         assert_eq!(named, "app:v4:orders:{seller%3A%7B7%7D}");
-    }
-
-    #[test]
-    fn an_acquire_made_outside_the_store_is_the_stores_own() {
-        let limit = Limit::per_second(10).expect("a limit");
-        assert!(matches!(
-            Acquire::new(limit, 0, Duration::ZERO),
-            Err(StoreError::ZeroCost)
-        ));
-        assert!(matches!(
-            Acquire::new(limit, 11, Duration::ZERO),
-            Err(StoreError::CostAboveBurst {
-                cost: 11,
-                burst: 10
-            })
-        ));
-        let made = Acquire::new(limit, 1, Duration::ZERO).expect("a cost of 1");
-        assert_eq!(made.0.pack(NOW), acquire().pack(NOW));
-        let waits = Acquire::new(limit, 2, Duration::from_millis(1500)).expect("a cost of 2");
-        assert_eq!((waits.0.x, waits.0.max_wait), (2, 1500));
-
-        let key = BucketKey::new("orders", "seller-7").expect("a key");
-        let redis_key = RedisKey {
-            prefix: "app",
-            key: &key,
-        };
-        let sent = made.command_for(redis_key, NOW);
-        let store_sends = command(
-            "EVALSHA",
-            script().get_hash(),
-            redis_key,
-            &acquire().pack(NOW),
-        );
-        assert_eq!(sent.get_packed_command(), store_sends.get_packed_command());
-
-        assert_eq!(made.admitted(&state(9.0, NOW as f64), NOW).ok(), Some(true));
-        assert_eq!(
-            made.admitted(&denial_of(0.0, NOW as f64), NOW).ok(),
-            Some(false)
-        );
-        assert!(matches!(
-            made.admitted(&Value::Int(1), NOW),
-            Err(StoreError::Backend(_))
-        ));
     }
 
     /// One bucket's answer to a call on several: the five numbers and the state.
