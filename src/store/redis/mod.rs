@@ -917,6 +917,4 @@ impl<C, K: fmt::Debug> fmt::Debug for RedisStore<C, K> {
 }
 
 #[cfg(test)]
-mod differential;
-#[cfg(test)]
-mod differential_all;
+mod tests;
