@@ -1,3 +1,4 @@
+// Over 600 lines: one idea, the rule loop, with the verdict and the reports it makes.
 //! The rule loop: takes (or reserves) the tokens of the rules that apply, and reports the shadow
 //! rules' decisions. One enforcing rule decides alone; two or more decide at once, in one store
 //! call that takes from all of them or from none ([`BucketStore::acquire_all`]). Its

@@ -24,6 +24,18 @@
 //! let store: Arc<dyn DynBucketStore> = Arc::new(MemoryStore::new());
 //! takes_any(store);
 //! ```
+//!
+//! # Files
+//!
+//! The trait is here, and beside it:
+//!
+//! - `decision.rs`: what a store answers: [`Decision`], [`Reservation`] (and which bucket gave
+//!   its tokens), [`BucketState`], [`Claim`];
+//! - `take.rs`: what [`acquire_all`](BucketStore::acquire_all) is asked, [`Take`] and
+//!   [`MAX_TAKES`], and the checks every store makes on its arguments before any is asked;
+//! - `dyn_store.rs`: [`DynBucketStore`], and `Arc<dyn DynBucketStore>` as a store;
+//! - `sharding.rs`: how the sharded tables hash a key and pick its shard;
+//! - `memory/`: [`MemoryStore`]; `redis/` (feature `redis`): [`RedisStore`].
 
 use std::future::Future;
 use std::time::{Duration, SystemTime};

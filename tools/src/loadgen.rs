@@ -1,3 +1,4 @@
+// Over 600 lines: one program, whose modes share its workload, its tally and its printout.
 //! Decisions per second and latency of a [`RedisStore`] shared by many tasks over one
 //! multiplexed connection, and of the same script driven as `redis-benchmark` drives a
 //! command, for comparing the two in one run.

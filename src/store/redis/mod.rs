@@ -1,17 +1,22 @@
-//! The shared store, on Redis: `RedisStore`, its builders and its `BucketStore` impl here; the
-//! pieces it is made of beside it:
+//! The shared store, on Redis: `RedisStore`, its builders and its constructors here; the pieces
+//! it is made of beside it:
 //!
+//! - `bucket_store.rs`: its `BucketStore` impl, each method one call of a script on the
+//!   bucket's key, with the deny cache in front and the outage policy behind;
 //! - `bucket.lua`: the bucket script, the Lua mirror of `bucket.rs`;
-//! - `script.rs`: the script's source and SHA-1, and one call of it through the breaker, the
-//!   bound on calls in flight and the timeout, with what each error from Redis means;
-//! - `wire.rs`: the key, the command and its packed argument, the replies, the stored value;
-//! - `outage.rs`: the outage policy, what each policy answers, and the circuit breaker;
+//! - `acquire_all.lua`: the several-bucket script, the Lua mirror of `bucket::evaluate_all`;
+//! - `script.rs`: the scripts' sources and SHA-1s, and one call of a script through the breaker,
+//!   the bound on calls in flight and the timeout, with what each error from Redis means;
+//! - `wire.rs`: the key, the command and its packed argument, the replies, the stored value; a
+//!   leaf, which uses nothing of the store's but value types (its tests in `wire/tests.rs`);
+//! - `raw.rs`: the store's acquire without the store, for the workspace's load generator;
+//! - `outage.rs`: the outage policy, and what each policy answers;
+//! - `breaker.rs`: the circuit breaker, which lets the policy answer at once while Redis is down;
 //! - `deny_cache.rs`: the local cache of denials;
 //! - `reconnect.rs`: the connection `connect` opens, replaced after a failover or a dead peer;
-//! - `acquire_all.lua`: the several-bucket script, the Lua mirror of `bucket::evaluate_all`;
-//! - `differential.rs` (tests): the script against `bucket.rs` on a real Redis, and its mutants;
-//!   `differential_all.rs` the same for the several-bucket script.
-
+//! - `tests/` (tests): the scripts against `bucket.rs` on a real Redis, and their mutants:
+//!   `differential.rs` for the bucket script, `differential_all.rs` for the several-bucket one,
+//!   and in `mod.rs` the harness and the mutant runner they share.
 use std::fmt;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};

@@ -1,3 +1,4 @@
+// Over 600 lines: one idea, the bucket script against the reference; half of it the mutants.
 //! The Lua script against the reference arithmetic, on a real Redis, bit for bit.
 //!
 //! Random traces (limits, times with skew, costs, reservations, refunds, drains, sets and

@@ -1,3 +1,4 @@
+// Over 600 lines: one idea, the several-bucket script against the reference, and its mutants.
 //! The several-bucket script against the reference arithmetic, on a real Redis, bit for bit.
 //!
 //! Random traces run over one to four buckets, each under its own limit (or all under one, so
