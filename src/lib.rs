@@ -304,11 +304,12 @@ pub use store::{
 
 /// Not part of the stable API: anything here may change or go in any release, patch releases
 /// included. It exists for the tools of this crate's workspace (`tools/`), which speak the
-/// bucket script's wire format through the module that owns it instead of keeping a copy.
+/// bucket script's wire format through the store's own code (`raw`: the store's acquire, and the
+/// script) instead of keeping a copy.
 #[cfg(feature = "redis")]
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::store::wire;
+    pub use crate::store::raw;
 }
 
 // The README's examples need the `redis`, `tower` and `reqwest` features to compile.

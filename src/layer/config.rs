@@ -10,7 +10,7 @@ use http::HeaderValue;
 use http::request::Parts;
 
 use super::Rule;
-use super::headers::{self, FieldVersion};
+use super::headers::FieldVersion;
 use super::observe::DecisionHook;
 use super::rejection::Rejection;
 
@@ -57,20 +57,6 @@ impl<St: Clone> Clone for Config<St> {
             on_decision: self.on_decision.clone(),
             apart: Arc::clone(&self.apart),
         }
-    }
-}
-
-impl<St> Config<St> {
-    /// `RateLimit-Policy` for the `count` rules numbered `applied` (in order, each once).
-    pub(crate) fn policy(
-        &self,
-        applied: impl Iterator<Item = usize>,
-        count: usize,
-    ) -> Option<HeaderValue> {
-        if count == self.rules.len() {
-            return self.policy_all.clone();
-        }
-        headers::policy(applied.map(|i| &self.rules[i].policy))
     }
 }
 

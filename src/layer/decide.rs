@@ -1,3 +1,4 @@
+// Over 600 lines: one idea, the rule loop, with the verdict and the reports it makes.
 //! The rule loop: takes (or reserves) the tokens of the rules that apply, and reports the shadow
 //! rules' decisions. One enforcing rule decides alone; two or more decide at once, in one store
 //! call that takes from all of them or from none ([`BucketStore::acquire_all`]). Its
@@ -456,33 +457,26 @@ fn info<St>(config: &Config<St>, plan: &[Planned], applied: &[Taken]) -> Option<
     })
 }
 
-/// `RateLimit-Policy` for the rules numbered in `applied`, each with the limit it applied: the
-/// prebuilt items while every limit is its rule's own, built afresh for a dynamic one.
+/// `RateLimit-Policy` for the rules numbered in `applied`, each with the limit it applied.
 #[inline]
 fn policy<St>(
     config: &Config<St>,
     applied: impl Iterator<Item = (usize, Limit)> + Clone,
 ) -> Option<http::HeaderValue> {
-    // Every rule applied, none with a dynamic limit, the usual case: the value prebuilt for them
-    // all, taken here rather than through the general case's two calls.
-    if !config.any_dynamic && applied.clone().count() == config.rules.len() {
-        return config.policy_all.clone();
-    }
-    policy_of(config, applied)
-}
-
-fn policy_of<St>(
-    config: &Config<St>,
-    applied: impl Iterator<Item = (usize, Limit)> + Clone,
-) -> Option<http::HeaderValue> {
-    if !config.any_dynamic || applied.clone().all(|(i, l)| config.rules[i].limit == l) {
-        let count = applied.clone().count();
-        return config.policy(applied.map(|(i, _)| i), count);
-    }
-    let items: Vec<http::HeaderValue> = applied
-        .filter_map(|(i, l)| headers::policy_item(config.rules[i].bucket(), l))
-        .collect();
-    headers::policy(items.iter())
+    headers::policy_for(
+        config.policy_all.as_ref(),
+        config.rules.len(),
+        config.any_dynamic,
+        applied.map(|(i, limit)| {
+            let rule = &config.rules[i];
+            headers::Applied {
+                item: &rule.policy,
+                name: rule.bucket(),
+                own: rule.limit,
+                limit,
+            }
+        }),
+    )
 }
 
 /// Counts, reports and (at most once per rule and period) logs one rule's decision.

@@ -1,3 +1,4 @@
+// Over 600 lines: one program, whose modes share its workload, its tally and its printout.
 //! Decisions per second and latency of a [`RedisStore`] shared by many tasks over one
 //! multiplexed connection, and of the same script driven as `redis-benchmark` drives a
 //! command, for comparing the two in one run.
@@ -31,7 +32,7 @@
 //!   which all the tasks move as one group. See "Redis speed" in docs/PERFORMANCE.md.
 //! - `--raw`: the same script and keys through redis-rs alone, with no store in between: what
 //!   the store adds on the client. The command and the reading of its reply are the store's
-//!   own (`burstgate::__private::wire`), so that this mode can never drift from the format the
+//!   own (`burstgate::__private::raw`), so that this mode can never drift from the format the
 //!   script speaks.
 //! - `--pipeline P`: the same script and keys the way `redis-benchmark -c C -P P` drives a
 //!   command: each of the C tasks has a TCP connection of its own and keeps P calls in flight,
@@ -84,7 +85,7 @@ use std::error::Error;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use burstgate::__private::wire::{self, Acquire};
+use burstgate::__private::raw::{self, Acquire};
 use burstgate::redis::aio::MultiplexedConnection;
 use burstgate::redis::{self, AsyncConnectionConfig, Value};
 use burstgate::{BucketKey, BucketStore, Limit, RedisStore};
@@ -725,7 +726,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
     drain_deny_set(&store, &work, args.concurrency).await?;
     let driver = if args.raw || args.pipeline.is_some() {
         // The store's command runs the script by its SHA-1 alone.
-        wire::script().load_async(&mut conn).await?;
+        raw::script().load_async(&mut conn).await?;
         match args.pipeline {
             Some(depth) => {
                 let info = client.get_connection_info();

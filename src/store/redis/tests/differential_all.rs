@@ -1,3 +1,4 @@
+// Over 600 lines: one idea, the several-bucket script against the reference, and its mutants.
 //! The several-bucket script against the reference arithmetic, on a real Redis, bit for bit.
 //!
 //! Random traces run over one to four buckets, each under its own limit (or all under one, so
@@ -21,13 +22,14 @@ use std::time::Instant;
 use redis::Value;
 use redis::aio::MultiplexedConnection;
 
-use super::differential::{
-    PLANTED_NOW, Rng, Step, Stored, check_step, connect, load, planted_values, random_limit, traces,
+use super::{
+    PLANTED_NOW, Rng, Step, Stored, check_step, connect, every_mutant_is_caught, load,
+    planted_values, random_limit, traces,
 };
-use super::script::{CORRUPT_CODE, script_all};
-use super::wire::{Op, decode, decode_halt, pack_all, parse_all};
 use crate::bucket::{self, MAX_TIME, MAX_WAIT, Outcome, Params, Part, State};
 use crate::store::Take;
+use crate::store::redis::script::{CORRUPT_CODE, script_all};
+use crate::store::redis::wire::{Op, decode, decode_halt, pack_all, parse_all};
 use crate::{BucketKey, Limit};
 
 use burstgate_testkit::redis_server;
@@ -837,8 +839,8 @@ async fn another_type(
 #[tokio::test]
 async fn several_buckets_lua_and_reference_agree_bit_for_bit() {
     let mut conn = connect().await;
-    let one = load(&mut conn, include_str!("bucket.lua")).await;
-    let all = load(&mut conn, include_str!("acquire_all.lua")).await;
+    let one = load(&mut conn, include_str!("../bucket.lua")).await;
+    let all = load(&mut conn, include_str!("../acquire_all.lua")).await;
     assert_eq!(
         all.get_hash(),
         script_all().get_hash(),
@@ -1154,54 +1156,15 @@ const MUTANTS_ALL: &[(&str, &str)] = &[
 #[ignore = "slow tier: run by .ci/run with --ignored"]
 async fn every_single_line_mutant_of_the_several_bucket_script_is_caught() {
     let mut conn = connect().await;
-    let source = include_str!("acquire_all.lua");
-    let one = load(&mut conn, include_str!("bucket.lua")).await;
-    let original = load(&mut conn, source).await;
+    let one = load(&mut conn, include_str!("../bucket.lua")).await;
     let names = key_names("mutantall");
-    let mut report = String::new();
-    for (from, to) in MUTANTS_ALL {
-        assert_eq!(
-            source.matches(from).count(),
-            1,
-            "mutant no longer applies: {from}"
-        );
-        let lua = load(&mut conn, &source.replacen(from, to, 1)).await;
-        if planted(&mut conn, &lua, &names).await.is_err() {
-            let clean = planted(&mut conn, &original, &names).await;
-            assert!(
-                clean.is_ok(),
-                "the unmutated script fails the planted values: {clean:?}"
-            );
-            let _ = writeln!(report, "caught by a planted value: {from:?} -> {to:?}");
-            continue;
-        }
-        if corners(&mut conn, &one, &lua, &names).await.is_err() {
-            let clean = corners(&mut conn, &one, &original, &names).await;
-            assert!(
-                clean.is_ok(),
-                "the unmutated script fails the corners: {clean:?}"
-            );
-            let _ = writeln!(report, "caught at the corners: {from:?} -> {to:?}");
-            continue;
-        }
-        let mut caught = None;
-        for seed in 0..traces() {
-            if trace(&mut conn, &one, &lua, &names, seed).await.is_err() {
-                caught = Some(seed);
-                break;
-            }
-        }
-        match caught {
-            Some(seed) => {
-                let clean = trace(&mut conn, &one, &original, &names, seed).await;
-                assert!(
-                    clean.is_ok(),
-                    "the unmutated script fails trace {seed}: {clean:?}"
-                );
-                let _ = writeln!(report, "caught at trace {seed:>4}: {from:?} -> {to:?}");
-            }
-            None => panic!("no trace told the mutant apart: {from:?} -> {to:?}"),
-        }
-    }
-    println!("{report}");
+    every_mutant_is_caught(
+        &mut conn,
+        (include_str!("../acquire_all.lua"), MUTANTS_ALL),
+        async |conn, lua| planted(conn, lua, &names).await,
+        async |conn, lua| corners(conn, &one, lua, &names).await,
+        &[("trace", ())],
+        async |conn, lua, (), seed| trace(conn, &one, lua, &names, seed).await,
+    )
+    .await;
 }

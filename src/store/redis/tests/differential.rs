@@ -1,3 +1,4 @@
+// Over 600 lines: one idea, the bucket script against the reference; half of it the mutants.
 //! The Lua script against the reference arithmetic, on a real Redis, bit for bit.
 //!
 //! Random traces (limits, times with skew, costs, reservations, refunds, drains, sets and
@@ -13,67 +14,16 @@ use std::fmt::Write as _;
 
 use redis::aio::MultiplexedConnection;
 
-use super::script::script;
-use super::wire::{Args, Op, decode, decode_halt};
+use super::{
+    PLANTED_NOW, Rng, Step, Stored, check_step, connect, every_mutant_is_caught, load,
+    planted_values, random_limit, traces,
+};
 use crate::Limit;
 use crate::bucket::{self, MAX_TIME, Params, State};
+use crate::store::redis::script::{CORRUPT_CODE, script};
+use crate::store::redis::wire::{Args, Op};
 
 use burstgate_testkit::redis_server;
-
-/// SplitMix64: tiny, seedable, and the same everywhere, so a failing seed replays exactly.
-pub(super) struct Rng(pub(super) u64);
-
-impl Rng {
-    pub(super) fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    pub(super) fn below(&mut self, n: u64) -> u64 {
-        if n == 0 { 0 } else { self.next() % n }
-    }
-
-    pub(super) fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
-        xs[self.below(xs.len() as u64) as usize]
-    }
-}
-
-pub(super) fn random_limit(rng: &mut Rng) -> Limit {
-    loop {
-        let tokens = match rng.below(4) {
-            0 => rng.pick(&[1, 2, 3, 7, 10, 100, 1000]),
-            1 => 1,
-            2 => 1 + rng.below(50) as u32,
-            _ => {
-                let r = 1 + rng.below(1 << 20) as u32;
-                rng.pick(&[u32::MAX, 999_983, r])
-            }
-        };
-        let interval = match rng.below(4) {
-            0 => rng.pick(&[1, 3, 7, 1000, 60_000, 3_600_000, 86_400_000]),
-            1 => 1 + rng.below(10_000),
-            2 => 1 + rng.below(10_000_000),
-            _ => rng.pick(&[1 << 42, 1_000_003, 333]),
-        };
-        let burst = match rng.below(4) {
-            0 => rng.pick(&[1, 2, 3, 5, 10, 100]),
-            1 => tokens,
-            2 => 1 + rng.below(1000) as u32,
-            _ => {
-                let r = 1 + rng.below(u64::from(u32::MAX)) as u32;
-                rng.pick(&[u32::MAX, 1 << 20, r])
-            }
-        };
-        let limit = Limit::new(tokens, std::time::Duration::from_millis(interval))
-            .and_then(|l| l.with_burst(burst));
-        if let Ok(limit) = limit {
-            return limit;
-        }
-    }
-}
 
 /// Which operations a trace draws from. The traces of the decisions are those the mutants of
 /// the decisions' lines were chosen against, kept as they were; the admin traces add sets,
@@ -231,223 +181,6 @@ async fn trace(
     Ok(())
 }
 
-/// What the reference says the key holds: the bucket's state, until when the script keeps the
-/// key (0 while there is no key), the halt (0 for none), and the value's length (24 bytes, or
-/// 32 with a halt; a value planted with a halt of 0 keeps its 32 until a write).
-#[derive(Default)]
-pub(super) struct Stored {
-    pub(super) state: Option<State>,
-    pub(super) keep: f64,
-    pub(super) halt: f64,
-    pub(super) len: usize,
-}
-
-impl Stored {
-    pub(super) fn set_halt(&mut self, halt: f64) {
-        self.halt = halt;
-        self.len = if halt == 0.0 { 24 } else { 32 };
-    }
-}
-
-/// One operation of a trace, at `now`: x is the cost for acquire and refund, the deadline for
-/// drain and block, the tokens for set; `max_wait` is the reservation's slot for a refund.
-#[derive(Clone, Copy)]
-pub(super) struct Step {
-    pub(super) now: u64,
-    pub(super) op: Op,
-    pub(super) x: u64,
-    pub(super) max_wait: u64,
-}
-
-/// Runs one step through the reference, whose view of the key `stored` it updates, and through
-/// `lua` on `key`: the outcome both gave, or the first difference after `log`, the trace so far.
-pub(super) async fn check_step(
-    conn: &mut MultiplexedConnection,
-    lua: &redis::Script,
-    key: &str,
-    limit: Limit,
-    stored: &mut Stored,
-    Step {
-        now,
-        op,
-        x,
-        max_wait,
-    }: Step,
-    log: &str,
-) -> Result<bucket::Outcome, String> {
-    let p = Params::of(&limit);
-    let state = stored.state;
-    // The halt the call sees, and stores if it writes: a set stores none.
-    let halt = match op {
-        Op::Drain => bucket::halt(&p, state, stored.halt, now, Some(x)),
-        Op::Block => bucket::block_halt(&p, state, stored.halt, now, x),
-        Op::Set => 0.0,
-        Op::Acquire | Op::Peek | Op::Refund | Op::Lower => {
-            bucket::halt(&p, state, stored.halt, now, None)
-        }
-    };
-    // A stored time beyond the lead bound is moved back and stored at once by every operation
-    // but peek, kept by the first estimate of the refill time, with no halt.
-    let mut ttl = None;
-    let lead_max = bucket::time(now) + p.lead();
-    if let Some(s) = state.filter(|s| s.ts > lead_max && !matches!(op, Op::Peek)) {
-        let e = ((p.capacity - s.t) * p.interval / p.tokens).ceil();
-        let e = if e < 0.0 { 0.0 } else { e };
-        let now = bucket::time(now);
-        stored.keep = now + e + p.interval + p.interval;
-        stored.state = Some(State { t: s.t, ts: now });
-        stored.set_halt(0.0);
-        ttl = Some((stored.keep - now) as i64);
-    }
-    let (expected, write) = match op {
-        Op::Acquire => bucket::evaluate(&p, state, now, x as f64, max_wait),
-        Op::Peek => (bucket::peek(&p, state, now), None),
-        Op::Refund => bucket::refund(&p, state, now, x as f64, max_wait),
-        Op::Drain => {
-            let w = bucket::drain_until(&p, state, now, x);
-            (w.outcome(), Some(w))
-        }
-        Op::Set => {
-            let w = bucket::set(&p, state, now, x as f64);
-            (w.outcome(), Some(w))
-        }
-        Op::Block => bucket::block_until(&p, state, now, x),
-        Op::Lower => bucket::lower(&p, state, now, x as f64),
-    };
-    // The TTL the script sets, if it sets one: it keeps the key until full plus one interval,
-    // with the first estimate of the refill time after a plain admission, as the script
-    // computes it; when the stored keep already covers that, and by no more than one interval
-    // beyond, it leaves the expiry alone. The TTL counts from the time of the write.
-    let plain = matches!(op, Op::Acquire) && expected.allowed && expected.wait == 0;
-    // A denial, a refund that gives nothing back, a block whose deadline is not ahead and a lowering
-    // that lowers nothing write only the moved stored time, modelled above.
-    let denial =
-        matches!(op, Op::Acquire | Op::Refund | Op::Block | Op::Lower) && !expected.allowed;
-    if let Some(w) = write.filter(|_| !denial) {
-        let need = if plain {
-            let e = ((p.capacity - w.state.t) * p.interval / p.tokens).ceil();
-            w.state.ts + e + p.interval
-        } else {
-            w.full + p.interval
-        };
-        if !(need <= stored.keep && stored.keep <= need + p.interval) {
-            stored.keep = need + p.interval;
-            ttl = Some((stored.keep - w.at) as i64);
-        }
-        stored.state = Some(w.state);
-        stored.set_halt(halt);
-    }
-    let state = stored.state;
-    let args = Args {
-        op,
-        limit,
-        x,
-        max_wait,
-    };
-    // One transaction, so the key cannot expire between the script and the reads, and the
-    // TTL is read at the time the script set it.
-    let mut pipe = redis::pipe();
-    pipe.atomic()
-        .cmd("EVALSHA")
-        .arg(lua.get_hash())
-        .arg(1)
-        .arg(key)
-        .arg(&args.pack(now)[..])
-        .cmd("GET")
-        .arg(key)
-        .cmd("PTTL")
-        .arg(key)
-        .cmd("PERSIST")
-        .arg(key);
-    type Reply = (redis::Value, Option<Vec<u8>>, i64, i64);
-    let sent = std::time::Instant::now();
-    let (reply, value, pttl, _): Reply = pipe
-        .query_async(conn)
-        .await
-        .map_err(|e| format!("{log}  redis: {e}"))?;
-    // PEXPIRE and PTTL each read Redis's clock; no more time than the whole round trip can
-    // pass between them.
-    let slack = sent.elapsed().as_millis() as i64 + 1;
-    let reply =
-        super::wire::parse_reply(&reply, &args, now).map_err(|e| format!("{log}  reply: {e}"))?;
-    let got = reply.outcome;
-    if got != expected {
-        return Err(format!(
-            "{log}  outcome: reference {expected:?}, lua {got:?}"
-        ));
-    }
-    let in_redis = match value.as_deref().map(decode) {
-        None => None,
-        Some(Some(state)) => Some(state),
-        Some(None) => return Err(format!("{log}  unparsable state {value:?}")),
-    };
-    let keep = value
-        .as_deref()
-        .and_then(|v| v.get(16..24))
-        .and_then(|b| b.try_into().ok())
-        .map(f64::from_le_bytes);
-    if in_redis.is_some() && keep.map(f64::to_bits) != Some(stored.keep.to_bits()) {
-        return Err(format!(
-            "{log}  keep: reference {}, lua {keep:?}",
-            stored.keep
-        ));
-    }
-    let same = |a: Option<State>, b: Option<State>| match (a, b) {
-        (None, None) => true,
-        (Some(a), Some(b)) => a.t.to_bits() == b.t.to_bits() && a.ts.to_bits() == b.ts.to_bits(),
-        _ => false,
-    };
-    if !same(state, in_redis) {
-        return Err(format!(
-            "{log}  state: reference {state:?}, lua {in_redis:?}"
-        ));
-    }
-    let in_redis_halt = value.as_deref().and_then(decode_halt);
-    let len = value.as_deref().map_or(0, <[u8]>::len);
-    if in_redis.is_some()
-        && (in_redis_halt.map(f64::to_bits) != Some(stored.halt.to_bits()) || len != stored.len)
-    {
-        return Err(format!(
-            "{log}  halt: reference {} in {} bytes, lua {in_redis_halt:?} in {len} bytes",
-            stored.halt, stored.len
-        ));
-    }
-    let peeked = if matches!(op, Op::Peek) {
-        halt as u64
-    } else {
-        0
-    };
-    if reply.halt != peeked {
-        return Err(format!(
-            "{log}  peeked halt: reference {peeked}, lua {}",
-            reply.halt
-        ));
-    }
-    // A denial carries the state it denied on (nothing was written, so it is the state now),
-    // and an admission with no wait the state it stored; nothing else carries one.
-    let denied = matches!(op, Op::Acquire) && !got.allowed;
-    let carried = if denied || plain { state } else { None };
-    if !same(carried, reply.state) {
-        return Err(format!(
-            "{log}  carried state: reference {carried:?}, lua {:?}",
-            reply.state
-        ));
-    }
-    match ttl {
-        Some(ttl) if !(ttl - slack..=ttl).contains(&pttl) => {
-            return Err(format!("{log}  ttl: reference {ttl}, lua {pttl}"));
-        }
-        // Every earlier write was made persistent: a TTL now means this step set one.
-        None if pttl >= 0 => {
-            return Err(format!(
-                "{log}  a step that must keep the expiry set a ttl of {pttl}"
-            ));
-        }
-        _ => {}
-    }
-    Ok(got)
-}
-
 /// Fixed traces at rounding corners of the refill time after a plain admission, which random
 /// traces reach only now and then: an acquire of 1 from a full bucket, then one more after
 /// `elapsed` ms. In the first two the first estimate of the refill time is one too low, in the
@@ -491,68 +224,6 @@ async fn corners(
         }
     }
     Ok(())
-}
-
-/// Values someone else planted at a bucket's key, sound and not, for a limit of 10 per second
-/// with a burst of 10 at [`PLANTED_NOW`]: each operation must be refused by both mirrors, with
-/// the key left alone, or decided by both alike.
-pub(super) const PLANTED_NOW: u64 = 1_700_000_000_000;
-
-pub(super) fn planted_values() -> Vec<(f64, f64, f64, Option<f64>)> {
-    let now = PLANTED_NOW as f64;
-    let year = 365.0 * 86_400_000.0;
-    // 2 * 2^44 * 10 / 1000 + 10: more debt than this no reservation or drain leaves.
-    let most_debt = 2.0 * bucket::MAX_WAIT as f64 * 10.0 / 1000.0 + 10.0;
-    // 10 per second, burst 10: one second to refill, so a halt is kept until 2 s behind.
-    let lead = 2_000.0;
-    let mut halted = vec![
-        // sound: a halt ahead, one just inside the lead bound and one just out of it, none (a
-        // zero, in 32 bytes), one on a clock ten years ahead, the latest time
-        (-10.0, now, now + 10_000.0, Some(now + 1_000.0)),
-        (5.0, now - 100.0, now + 5_000.0, Some(now - lead + 1.0)),
-        (5.0, now - 100.0, now + 5_000.0, Some(now - lead)),
-        (5.0, now - 100.0, now + 5_000.0, Some(0.0)),
-        (
-            9.0,
-            now + 10.0 * year,
-            now + 10.0 * year + 3_000.0,
-            Some(now + 10.0 * year + 500.0),
-        ),
-        (-10.0, now, now + 10_000.0, Some(MAX_TIME as f64)),
-        // not sound
-        (5.0, now, now + 5_000.0, Some(-1.0)),
-        (5.0, now, now + 5_000.0, Some(now + 0.5)),
-        (5.0, now, now + 5_000.0, Some(f64::NAN)),
-        (5.0, now, now + 5_000.0, Some(MAX_TIME as f64 + 1.0)),
-    ];
-    let mut values: Vec<_> = vec![
-        // sound: part full, in debt, a writer ten years ahead, one in 1970, the largest debt
-        (5.0, now - 100.0, now + 5_000.0),
-        (-10.0, now, now + 10_000.0),
-        (9.0, now + 10.0 * year, now + 10.0 * year + 3_000.0),
-        (0.0, 0.0, 3_000.0),
-        // far ahead, and fuller than this limit's burst (written under a larger one)
-        (1e6, now + 10.0 * year, now + 10.0 * year + 3_000.0),
-        (-most_debt, now, now + 1e12),
-        // not sound
-        (-1e13, now, now + 1_000.0),
-        (-1.5 * most_debt, now, now + 1_000.0),
-        (f64::NAN, now, now + 1_000.0),
-        (f64::INFINITY, now, now + 1_000.0),
-        (5e9, now, now + 1_000.0),
-        (1.0, -1.0, now + 1_000.0),
-        (1.0, now + 0.5, now + 1_000.0),
-        (1.0, 9_007_199_254_740_992.0, now + 1_000.0),
-        (1.0, f64::NAN, now + 1_000.0),
-        (1.0, now, f64::NAN),
-        (1.0, now, -1.0),
-        (1.0, now, 36_028_797_018_963_968.0),
-    ]
-    .into_iter()
-    .map(|(t, ts, keep)| (t, ts, keep, None))
-    .collect();
-    values.append(&mut halted);
-    values
 }
 
 /// Runs every operation on every [`planted_values`] through the reference and through `lua`,
@@ -624,7 +295,7 @@ async fn planted(
                 .query_async(conn)
                 .await;
             match reply {
-                Err(e) if e.code() == Some(super::script::CORRUPT_CODE) => {}
+                Err(e) if e.code() == Some(CORRUPT_CODE) => {}
                 other => return Err(format!("{log}  lua decided on it: {other:?}")),
             }
             let after: Option<Vec<u8>> = redis::cmd("GET")
@@ -640,37 +311,10 @@ async fn planted(
     Ok(())
 }
 
-pub(super) async fn connect() -> MultiplexedConnection {
-    let url = redis_server::url();
-    let client = redis::Client::open(url.as_str()).expect("a valid Redis URL");
-    client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("a connection to the test Redis")
-}
-
-pub(super) async fn load(conn: &mut MultiplexedConnection, source: &str) -> redis::Script {
-    let lua = redis::Script::new(source);
-    let _: String = redis::cmd("SCRIPT")
-        .arg("LOAD")
-        .arg(source)
-        .query_async(conn)
-        .await
-        .expect("the script loads");
-    lua
-}
-
-pub(super) fn traces() -> u64 {
-    std::env::var("BURSTGATE_DIFF_TRACES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2_000)
-}
-
 #[tokio::test]
 async fn lua_and_reference_agree_bit_for_bit() {
     let mut conn = connect().await;
-    let lua = load(&mut conn, include_str!("bucket.lua")).await;
+    let lua = load(&mut conn, include_str!("../bucket.lua")).await;
     assert_eq!(
         lua.get_hash(),
         script().get_hash(),
@@ -1046,60 +690,17 @@ const MUTANTS: &[(&str, &str)] = &[
 #[ignore = "slow tier: run by .ci/run with --ignored"]
 async fn every_single_line_mutant_of_the_script_is_caught() {
     let mut conn = connect().await;
-    let source = include_str!("bucket.lua");
     let key = format!("{}:v4:mutant:{{k}}", redis_server::unique_prefix());
-    let mut report = String::new();
-    for (from, to) in MUTANTS {
-        assert_eq!(
-            source.matches(from).count(),
-            1,
-            "mutant no longer applies: {from}"
-        );
-        let lua = load(&mut conn, &source.replacen(from, to, 1)).await;
-        let original = load(&mut conn, source).await;
-        if planted(&mut conn, &lua, &key).await.is_err() {
-            let clean = planted(&mut conn, &original, &key).await;
-            assert!(
-                clean.is_ok(),
-                "the unmutated script fails the planted values: {clean:?}"
-            );
-            let _ = writeln!(report, "caught by a planted value: {from:?} -> {to:?}");
-            continue;
-        }
-        if corners(&mut conn, &lua, &key).await.is_err() {
-            let clean = corners(&mut conn, &original, &key).await;
-            assert!(
-                clean.is_ok(),
-                "the unmutated script fails the corners: {clean:?}"
-            );
-            let _ = writeln!(report, "caught at the corners: {from:?} -> {to:?}");
-            continue;
-        }
-        // Both families in turn, seed by seed: a mutant of a line only one family reaches costs
-        // at most twice the traces that family needs.
-        let mut caught = None;
-        'seeds: for seed in 0..traces() {
-            for family in [Family::Decisions, Family::Admin] {
-                if trace(&mut conn, &lua, &key, family, seed).await.is_err() {
-                    caught = Some((family, seed));
-                    break 'seeds;
-                }
-            }
-        }
-        match caught {
-            Some((family, seed)) => {
-                let clean = trace(&mut conn, &original, &key, family, seed).await;
-                assert!(
-                    clean.is_ok(),
-                    "the unmutated script fails {family:?} trace {seed}: {clean:?}"
-                );
-                let _ = writeln!(
-                    report,
-                    "caught at {family:?} trace {seed:>4}: {from:?} -> {to:?}"
-                );
-            }
-            None => panic!("no trace told the mutant apart: {from:?} -> {to:?}"),
-        }
-    }
-    println!("{report}");
+    every_mutant_is_caught(
+        &mut conn,
+        (include_str!("../bucket.lua"), MUTANTS),
+        async |conn, lua| planted(conn, lua, &key).await,
+        async |conn, lua| corners(conn, lua, &key).await,
+        &[
+            ("Decisions trace", Family::Decisions),
+            ("Admin trace", Family::Admin),
+        ],
+        async |conn, lua, family, seed| trace(conn, lua, &key, family, seed).await,
+    )
+    .await;
 }
