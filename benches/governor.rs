@@ -203,7 +203,7 @@ fn bench(c: &mut Criterion) {
         rotating(&mut group, &format!("burstgate/{name}"), count, |at, n| {
             burstgate_loop(&store, &keys, at, n)
         });
-        let store = MemoryStore::with_clock(QuantaClock::new());
+        let store = MemoryStore::new().with_clock(QuantaClock::new());
         rotating(
             &mut group,
             &format!("burstgate_quanta/{name}"),
@@ -230,7 +230,7 @@ fn bench(c: &mut Criterion) {
     from_two_halves(&mut group, "burstgate/10k_keys_2_threads", |at, n| {
         burstgate_loop(&store, &keys, at, n)
     });
-    let store = MemoryStore::with_clock(QuantaClock::new());
+    let store = MemoryStore::new().with_clock(QuantaClock::new());
     from_two_halves(
         &mut group,
         "burstgate_quanta/10k_keys_2_threads",
@@ -252,7 +252,7 @@ fn bench(c: &mut Criterion) {
         "burstgate/10k_keys_2_threads_own_halves",
         |w, at, n| burstgate_loop(&store, &keys[halves(w)], at, n),
     );
-    let store = MemoryStore::with_clock(QuantaClock::new());
+    let store = MemoryStore::new().with_clock(QuantaClock::new());
     on_own_halves(
         &mut group,
         "burstgate_quanta/10k_keys_2_threads_own_halves",
@@ -283,8 +283,8 @@ fn controls(c: &mut Criterion, keys: &[BucketKey]) {
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3));
     let stores = [
-        MemoryStore::with_clock(QuantaClock::new()),
-        MemoryStore::with_clock(QuantaClock::new()),
+        MemoryStore::new().with_clock(QuantaClock::new()),
+        MemoryStore::new().with_clock(QuantaClock::new()),
     ];
 
     group.throughput(Throughput::Elements(1));

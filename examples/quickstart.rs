@@ -38,7 +38,7 @@ async fn orders() -> Result<(), Box<dyn Error>> {
     const PAGES: u32 = 12;
 
     let clock = ManualClock::new(START_MS);
-    let store = MemoryStore::with_clock(clock.clone());
+    let store = MemoryStore::new().with_clock(clock.clone());
     let limit = Limit::per_minute(1)?.with_burst(10)?;
     let key = BucketKey::new("orders", "seller-42")?;
     let mut window = FixedWindow::new(MINUTE_MS, 1);
@@ -108,7 +108,7 @@ async fn orders() -> Result<(), Box<dyn Error>> {
 /// "1 per minute, no burst": two requests 1 ms apart, either side of a minute boundary.
 async fn sales() -> Result<(), Box<dyn Error>> {
     let clock = ManualClock::new(START_MS);
-    let store = MemoryStore::with_clock(clock.clone());
+    let store = MemoryStore::new().with_clock(clock.clone());
     let limit = Limit::per_minute(1)?;
     let key = BucketKey::new("sales", "seller-42")?;
     let mut window = FixedWindow::new(MINUTE_MS, 1);

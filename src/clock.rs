@@ -232,7 +232,7 @@ impl Clock for TokioClock {
 /// // Wall time when created (within a generous bound, for a busy machine).
 /// assert!(clock.now_ms().abs_diff(wall.as_millis() as u64) <= 100);
 ///
-/// let store = MemoryStore::with_clock(clock);
+/// let store = MemoryStore::new().with_clock(clock);
 /// let limit = Limit::per_second(10)?;
 /// let key = BucketKey::new("api", "client-7")?;
 /// assert!(store.acquire(&key, limit, 1, Duration::ZERO).await?.is_admitted());

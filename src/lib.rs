@@ -13,7 +13,7 @@
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! // A clock that moves only when told to, so the outcome is exact.
 //! let clock = ManualClock::new(0);
-//! let store = MemoryStore::with_clock(clock.clone());
+//! let store = MemoryStore::new().with_clock(clock.clone());
 //!
 //! // "1 request per minute, burst 10", per seller account.
 //! let orders = Limit::per_minute(1)?.with_burst(10)?;
@@ -119,7 +119,7 @@
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let clock = ManualClock::new(0);
-//! let store = MemoryStore::with_clock(clock.clone());
+//! let store = MemoryStore::new().with_clock(clock.clone());
 //! let sales = Limit::per_minute(1)?; // no burst
 //! let key = BucketKey::new("sales", "seller-42")?;
 //! let max_wait = sales.default_max_wait(1);
@@ -180,7 +180,7 @@
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! // In a `#[tokio::test(start_paused = true)]`:
-//! let store = MemoryStore::with_clock(TokioClock::starting_at(0));
+//! let store = MemoryStore::new().with_clock(TokioClock::starting_at(0));
 //! let limit = Limit::per_minute(1)?;
 //! let key = BucketKey::new("sales", "seller-42")?;
 //!

@@ -642,7 +642,7 @@ mod tests {
 
     #[tokio::test]
     async fn requests_draw_from_their_group_token_type_and_account() {
-        let store = MemoryStore::with_clock(ManualClock::new(1_767_225_600_000));
+        let store = MemoryStore::new().with_clock(ManualClock::new(1_767_225_600_000));
         let personal = client(store.clone(), "personal");
         let base = "http://seller.example";
         let send = |req: reqwest_middleware::RequestBuilder| async move {

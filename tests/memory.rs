@@ -130,7 +130,7 @@ impl Figures {
 fn one_off_keys_are_freed_by_a_sweep() {
     let start = net_bytes();
     let clock = ManualClock::new(T0);
-    let store = MemoryStore::with_clock(clock.clone());
+    let store = MemoryStore::new().with_clock(clock.clone());
 
     acquire_one_off_keys(&store, "swept", ONE_OFF_KEYS);
     let peak = net_bytes();
@@ -161,7 +161,7 @@ fn one_off_keys_are_freed_by_a_sweep() {
 fn one_off_keys_are_freed_by_ordinary_traffic() {
     let start = net_bytes();
     let clock = ManualClock::new(T0);
-    let store = MemoryStore::with_clock(clock.clone());
+    let store = MemoryStore::new().with_clock(clock.clone());
 
     acquire_one_off_keys(&store, "old", ONE_OFF_KEYS);
     let peak = net_bytes();
@@ -198,7 +198,7 @@ fn one_off_keys_are_freed_by_ordinary_traffic() {
 fn existing_key_acquire_does_not_allocate() {
     const CALLS: u64 = 1_000;
     let clock = ManualClock::new(T0);
-    let store = MemoryStore::with_clock(clock.clone());
+    let store = MemoryStore::new().with_clock(clock.clone());
 
     // Drains faster than it refills (1 token per ms taken, 0.1 per ms back), so the bucket is
     // never full: a full one would rightly be forgotten by the sweep and created again.

@@ -309,7 +309,7 @@ mod tests {
     #[test]
     fn an_unbounded_max_backoff_and_a_huge_header_drain_without_overflow() {
         let clock = ManualClock::new(NOW_MS);
-        let store = MemoryStore::with_clock(clock.clone());
+        let store = MemoryStore::new().with_clock(clock.clone());
         let middleware = RateLimitMiddleware::new(store.clone())
             .with_clock(clock)
             .max_backoff(Duration::MAX);
@@ -379,7 +379,7 @@ mod tests {
                 }
             }
             let clock = ManualClock::new(NOW_MS);
-            let store = MemoryStore::with_clock(clock.clone());
+            let store = MemoryStore::new().with_clock(clock.clone());
             let max_backoff = Duration::from_secs(max_backoff_s);
             let middleware = RateLimitMiddleware::new(store.clone())
                 .with_clock(clock)

@@ -247,7 +247,7 @@ impl BucketState {
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # tokio::runtime::Builder::new_current_thread().build()?.block_on(async {
     /// let clock = ManualClock::new(1_700_000_000_000);
-    /// let store = MemoryStore::with_clock(clock.clone());
+    /// let store = MemoryStore::new().with_clock(clock.clone());
     /// let (limit, key) = (Limit::per_second(1)?, BucketKey::new("api", "a")?);
     /// store.acquire(&key, limit, 1, Duration::ZERO).await?;
     /// // Reserved for one second from now.

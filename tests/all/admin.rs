@@ -253,7 +253,7 @@ mod cases {
 }
 
 async fn memory(clock: ManualClock) -> MemoryStore<ManualClock> {
-    MemoryStore::with_clock(clock)
+    MemoryStore::new().with_clock(clock)
 }
 
 async fn dyn_memory(clock: ManualClock) -> Arc<dyn DynBucketStore> {

@@ -87,7 +87,7 @@ async fn stores(start: u64) -> Stores {
         .prefix(&prefix)
         .expect("a valid prefix")
         .with_clock(clock.clone());
-    let memory = MemoryStore::with_clock(clock.clone());
+    let memory = MemoryStore::new().with_clock(clock.clone());
     Stores {
         clock,
         all: vec![
@@ -105,7 +105,7 @@ async fn stores(start: u64) -> Stores {
 #[cfg(not(feature = "redis"))]
 async fn stores(start: u64) -> Stores {
     let clock = ManualClock::new(start);
-    let memory = MemoryStore::with_clock(clock.clone());
+    let memory = MemoryStore::new().with_clock(clock.clone());
     Stores {
         clock,
         all: vec![("memory", Arc::new(memory))],

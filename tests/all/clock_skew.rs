@@ -133,7 +133,7 @@ async fn minutes_to_admit_after_a_step_back<S: BucketStore>(store: &S, clock: &M
 #[tokio::test]
 async fn an_ntp_step_back_of_an_hour_freezes_a_bucket_for_an_hour() {
     let clock = ManualClock::new(START);
-    let memory = MemoryStore::with_clock(clock.clone());
+    let memory = MemoryStore::new().with_clock(clock.clone());
     let minutes = minutes_to_admit_after_a_step_back(&memory, &clock).await;
     assert!(
         minutes <= 15,

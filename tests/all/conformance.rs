@@ -630,7 +630,7 @@ mod cases {
 }
 
 async fn memory(clock: ManualClock) -> MemoryStore<ManualClock> {
-    MemoryStore::with_clock(clock)
+    MemoryStore::new().with_clock(clock)
 }
 
 #[cfg(feature = "redis")]

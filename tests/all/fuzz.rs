@@ -202,7 +202,7 @@ fn rounding(limit: Limit, steps: usize) -> f64 {
 
 fn run(limit: Limit, ops: &[Op]) -> Result<(), TestCaseError> {
     let clock = ManualClock::new(START);
-    let store = MemoryStore::with_clock(clock.clone());
+    let store = MemoryStore::new().with_clock(clock.clone());
     let key = BucketKey::new("fuzz", "k").map_err(|e| TestCaseError::fail(e.to_string()))?;
     let burst = limit.burst();
     let runtime = tokio::runtime::Builder::new_current_thread()

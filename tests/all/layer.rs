@@ -134,7 +134,7 @@ async fn yield_a_few_times() {
 
 #[tokio::test(start_paused = true)]
 async fn a_burst_of_ten_admits_ten_then_answers_429_with_the_draft_fields() {
-    let store = MemoryStore::with_clock(TokioClock::new());
+    let store = MemoryStore::new().with_clock(TokioClock::new());
     let (inner, handle) = mock::pair::<Req, Res>();
     let mut reached = answer(handle);
     let mut svc = RateLimitLayer::new(store.clone())
@@ -191,7 +191,7 @@ async fn a_burst_of_ten_admits_ten_then_answers_429_with_the_draft_fields() {
 #[tokio::test]
 async fn retry_after_is_whole_seconds_rounded_up_and_never_zero() {
     let clock = ManualClock::new(1_700_000_000_000);
-    let store = MemoryStore::with_clock(clock.clone());
+    let store = MemoryStore::new().with_clock(clock.clone());
     let per_minute = Limit::per_minute(1).expect("a valid limit");
     let calls = Arc::new(AtomicUsize::new(0));
     let mut svc = RateLimitLayer::new(store.clone())
@@ -243,7 +243,7 @@ async fn retry_after_is_whole_seconds_rounded_up_and_never_zero() {
 
 #[tokio::test(start_paused = true)]
 async fn headers_on_success_false_leaves_admitted_responses_alone() {
-    let store = MemoryStore::with_clock(TokioClock::new());
+    let store = MemoryStore::new().with_clock(TokioClock::new());
     let calls = Arc::new(AtomicUsize::new(0));
     let mut svc = RateLimitLayer::new(store)
         .rule(per_key(orders()))
@@ -268,7 +268,7 @@ async fn headers_on_success_false_leaves_admitted_responses_alone() {
 
 #[tokio::test(start_paused = true)]
 async fn a_client_that_sleeps_retry_after_is_admitted_on_its_first_retry() {
-    let store = MemoryStore::with_clock(TokioClock::new());
+    let store = MemoryStore::new().with_clock(TokioClock::new());
     let calls = Arc::new(AtomicUsize::new(0));
     let mut svc = RateLimitLayer::new(store)
         .rule(per_key(orders()))
@@ -296,7 +296,7 @@ async fn a_client_that_sleeps_retry_after_is_admitted_on_its_first_retry() {
 
 #[tokio::test(start_paused = true)]
 async fn a_request_refused_by_a_later_rule_spends_nothing_from_the_earlier_ones() {
-    let store = MemoryStore::with_clock(TokioClock::new());
+    let store = MemoryStore::new().with_clock(TokioClock::new());
     let small = Limit::per_minute(1)
         .and_then(|l| l.with_burst(3))
         .expect("a valid limit");
@@ -451,7 +451,7 @@ impl BucketStore for StuckOn {
 /// flight: a client that goes away then gets them back, as it would while waiting.
 #[tokio::test(start_paused = true)]
 async fn dropping_a_request_while_a_shadow_rule_is_deciding_refunds_the_enforcing_rules() {
-    let memory = MemoryStore::with_clock(TokioClock::new());
+    let memory = MemoryStore::new().with_clock(TokioClock::new());
     let store = StuckOn {
         bucket: "global",
         store: memory.clone(),
@@ -484,7 +484,7 @@ async fn dropping_a_request_while_a_shadow_rule_is_deciding_refunds_the_enforcin
 /// token gone, and a request dropped meanwhile takes nothing from either.
 #[tokio::test(start_paused = true)]
 async fn two_enforcing_rules_take_their_tokens_in_one_call() {
-    let memory = MemoryStore::with_clock(TokioClock::new());
+    let memory = MemoryStore::new().with_clock(TokioClock::new());
     let store = StuckOn {
         bucket: "global",
         store: memory.clone(),
@@ -526,7 +526,7 @@ async fn two_enforcing_rules_take_their_tokens_in_one_call() {
 /// asked again at 1.5 s.
 #[tokio::test(start_paused = true)]
 async fn a_wait_on_one_rule_never_compresses_anothers_spacing() {
-    let store = MemoryStore::with_clock(TokioClock::new());
+    let store = MemoryStore::new().with_clock(TokioClock::new());
     let sent: Arc<std::sync::Mutex<Vec<(String, Instant)>>> = Arc::default();
     let seen = Arc::clone(&sent);
     let inner = tower::service_fn(move |req: Req| {
@@ -593,7 +593,7 @@ async fn a_wait_on_one_rule_never_compresses_anothers_spacing() {
 #[tokio::test(start_paused = true)]
 async fn two_rules_of_one_bucket_are_taken_in_turn() {
     let calls = Arc::new(AtomicUsize::new(0));
-    let mut svc = RateLimitLayer::new(MemoryStore::with_clock(TokioClock::new()))
+    let mut svc = RateLimitLayer::new(MemoryStore::new().with_clock(TokioClock::new()))
         .rule(per_key(orders()))
         .rule(per_key(orders()))
         .layer(counting(&calls));
@@ -615,7 +615,7 @@ async fn two_rules_of_one_bucket_are_taken_in_turn() {
 /// the store took spent, the safe direction. (The middleware refunds them instead.)
 #[tokio::test(start_paused = true)]
 async fn a_request_dropped_while_the_store_answers_leaves_its_tokens_spent() {
-    let memory = MemoryStore::with_clock(TokioClock::new());
+    let memory = MemoryStore::new().with_clock(TokioClock::new());
     let calls = Arc::new(AtomicUsize::new(0));
     // It decides, then takes a second to answer: a slow Redis that has already run the script.
     let slow = SlowReplies {
@@ -648,7 +648,7 @@ async fn a_request_dropped_while_the_store_answers_leaves_its_tokens_spent() {
 /// to must still name just those.
 #[tokio::test(start_paused = true)]
 async fn the_policy_field_names_only_the_rules_that_applied() {
-    let store = MemoryStore::with_clock(TokioClock::new());
+    let store = MemoryStore::new().with_clock(TokioClock::new());
     let small = Limit::per_minute(1)
         .and_then(|l| l.with_burst(3))
         .expect("a valid limit");
@@ -679,7 +679,7 @@ async fn the_policy_field_names_only_the_rules_that_applied() {
 /// not the 6 it held between the take and the refund.
 #[tokio::test(start_paused = true)]
 async fn a_refused_requests_ratelimit_field_counts_refunded_tokens_as_unspent() {
-    let store = MemoryStore::with_clock(TokioClock::new());
+    let store = MemoryStore::new().with_clock(TokioClock::new());
     let small = Limit::per_minute(1)
         .and_then(|l| l.with_burst(3))
         .expect("a valid limit");
@@ -707,7 +707,7 @@ async fn a_refused_requests_ratelimit_field_counts_refunded_tokens_as_unspent() 
 
 #[tokio::test(start_paused = true)]
 async fn a_rule_whose_extractor_finds_no_key_does_not_apply() {
-    let store = MemoryStore::with_clock(TokioClock::new());
+    let store = MemoryStore::new().with_clock(TokioClock::new());
     let one = Limit::per_minute(1).expect("a valid limit");
     let (inner, handle) = mock::pair::<Req, Res>();
     let mut reached = answer(handle);
@@ -748,7 +748,7 @@ async fn a_rule_whose_extractor_finds_no_key_does_not_apply() {
 
 #[tokio::test(start_paused = true)]
 async fn waiting_requests_reach_the_inner_service_in_arrival_order_at_exact_times() {
-    let store = MemoryStore::with_clock(TokioClock::new());
+    let store = MemoryStore::new().with_clock(TokioClock::new());
     let one_per_second = Limit::per_second(1)
         .and_then(|l| l.with_burst(2))
         .expect("a valid limit");
@@ -802,7 +802,7 @@ async fn waiting_requests_reach_the_inner_service_in_arrival_order_at_exact_time
 
 #[tokio::test(start_paused = true)]
 async fn dropping_a_waiting_request_refunds_its_reservation() {
-    let store = MemoryStore::with_clock(TokioClock::new());
+    let store = MemoryStore::new().with_clock(TokioClock::new());
     let one_per_second = Limit::per_second(1)
         .and_then(|l| l.with_burst(1))
         .expect("a valid limit");
@@ -910,7 +910,7 @@ use crate::support::failing_connection::FailingConnection;
 
 #[tokio::test(start_paused = true)]
 async fn a_cost_of_zero_or_above_the_burst_answers_500() {
-    let store = MemoryStore::with_clock(TokioClock::new());
+    let store = MemoryStore::new().with_clock(TokioClock::new());
     let priced = per_key(orders()).cost(|parts| {
         parts
             .headers
@@ -956,7 +956,7 @@ async fn a_cost_of_zero_or_above_the_burst_answers_500() {
 
 #[tokio::test(start_paused = true)]
 async fn a_custom_rejection_sets_status_headers_and_body() {
-    let store = MemoryStore::with_clock(TokioClock::new());
+    let store = MemoryStore::new().with_clock(TokioClock::new());
     let one = Limit::per_minute(1).expect("a valid limit");
     let calls = Arc::new(AtomicUsize::new(0));
     let mut svc = RateLimitLayer::new(store)
@@ -1004,7 +1004,7 @@ async fn a_custom_rejection_sets_status_headers_and_body() {
 
 #[tokio::test(start_paused = true)]
 async fn problem_details_name_the_rule_that_refused() {
-    let store = MemoryStore::with_clock(TokioClock::new());
+    let store = MemoryStore::new().with_clock(TokioClock::new());
     let one = Limit::per_minute(1).expect("a valid limit");
     let many = Limit::per_second(100).expect("a valid limit");
     let calls = Arc::new(AtomicUsize::new(0));
@@ -1043,7 +1043,7 @@ async fn problem_details_name_the_rule_that_refused() {
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 
     // Back to text.
-    let mut svc = RateLimitLayer::new(MemoryStore::with_clock(TokioClock::new()))
+    let mut svc = RateLimitLayer::new(MemoryStore::new().with_clock(TokioClock::new()))
         .rule(per_key(one))
         .problem_details(true)
         .problem_details(false)
@@ -1057,7 +1057,7 @@ fn assert_clone<T: Clone>(_: &T) {}
 
 #[tokio::test(start_paused = true)]
 async fn cloned_services_share_one_bucket_without_a_buffer() {
-    let store = MemoryStore::with_clock(TokioClock::new());
+    let store = MemoryStore::new().with_clock(TokioClock::new());
     let two = Limit::per_minute(2).expect("a valid limit");
     let calls = Arc::new(AtomicUsize::new(0));
     let layer = RateLimitLayer::new(store).rule(per_key(two));
@@ -1111,7 +1111,7 @@ async fn the_inner_service_can_be_reached_and_taken_back() {
     #[derive(Clone, Debug, PartialEq)]
     struct Inner(u32);
 
-    let store = MemoryStore::with_clock(TokioClock::new());
+    let store = MemoryStore::new().with_clock(TokioClock::new());
     let mut svc = burstgate::layer::RateLimit::layer(store)
         .rule(per_key(orders()))
         .layer(Inner(7));

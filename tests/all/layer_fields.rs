@@ -37,7 +37,7 @@ fn layer(
     version: FieldVersion,
     rules: impl IntoIterator<Item = Rule>,
 ) -> RateLimitLayer<MemoryStore<TokioClock>> {
-    let store = MemoryStore::with_clock(TokioClock::new());
+    let store = MemoryStore::new().with_clock(TokioClock::new());
     rules.into_iter().fold(
         RateLimitLayer::new(store).fields(version),
         RateLimitLayer::rule,

@@ -43,7 +43,7 @@ const NET: [u16; 4] = [0x2001, 0xdb8, 1, 2];
 
 #[tokio::test(start_paused = true)]
 async fn ten_thousand_addresses_of_one_ipv6_slash64_are_one_client_not_ten_thousand() {
-    let store = MemoryStore::with_clock(TokioClock::new());
+    let store = MemoryStore::new().with_clock(TokioClock::new());
     let calls = Arc::new(AtomicUsize::new(0));
     let mut svc = RateLimitLayer::new(store.clone())
         .rule(per_ip(KeyExtractor::peer_ip()))
@@ -66,7 +66,7 @@ async fn ten_thousand_addresses_of_one_ipv6_slash64_are_one_client_not_ten_thous
 
 #[tokio::test(start_paused = true)]
 async fn another_slash64_has_its_own_bucket_and_slash128_keys_each_address() {
-    let store = MemoryStore::with_clock(TokioClock::new());
+    let store = MemoryStore::new().with_clock(TokioClock::new());
     let calls = Arc::new(AtomicUsize::new(0));
     let mut by_64 = RateLimitLayer::new(store.clone())
         .rule(per_ip(KeyExtractor::peer_ip()))
@@ -86,7 +86,7 @@ async fn another_slash64_has_its_own_bucket_and_slash128_keys_each_address() {
     assert_eq!(statuses[11], StatusCode::TOO_MANY_REQUESTS);
 
     // By /128, twenty addresses of one /64 have twenty buckets of five.
-    let mut by_128 = RateLimitLayer::new(MemoryStore::with_clock(TokioClock::new()))
+    let mut by_128 = RateLimitLayer::new(MemoryStore::new().with_clock(TokioClock::new()))
         .rule(per_ip(
             KeyExtractor::peer_ip().ipv6_prefix(Ipv6Prefix::Slash128),
         ))
@@ -102,7 +102,7 @@ async fn another_slash64_has_its_own_bucket_and_slash128_keys_each_address() {
     assert_eq!(admitted, 100);
 
     // By /48, the two /64s above are one site.
-    let mut by_48 = RateLimitLayer::new(MemoryStore::with_clock(TokioClock::new()))
+    let mut by_48 = RateLimitLayer::new(MemoryStore::new().with_clock(TokioClock::new()))
         .rule(per_ip(
             KeyExtractor::peer_ip().ipv6_prefix(Ipv6Prefix::Slash48),
         ))
@@ -120,7 +120,7 @@ async fn another_slash64_has_its_own_bucket_and_slash128_keys_each_address() {
 
 #[tokio::test(start_paused = true)]
 async fn an_ipv4_mapped_peer_shares_the_bucket_of_its_ipv4_address() {
-    let store = MemoryStore::with_clock(TokioClock::new());
+    let store = MemoryStore::new().with_clock(TokioClock::new());
     let calls = Arc::new(AtomicUsize::new(0));
     let mut svc = RateLimitLayer::new(store.clone())
         .rule(per_ip(KeyExtractor::peer_ip()))
@@ -150,7 +150,7 @@ async fn a_rule_that_finds_no_key_warns_once_instead_of_limiting_nothing_in_sile
     let (log, _guard) = logs::capture();
     let calls = Arc::new(AtomicUsize::new(0));
     let one_per_minute = Limit::per_minute(1).expect("a valid limit");
-    let layer = RateLimitLayer::new(MemoryStore::with_clock(TokioClock::new()))
+    let layer = RateLimitLayer::new(MemoryStore::new().with_clock(TokioClock::new()))
         .rule(Rule::new("per-ip", one_per_minute, KeyExtractor::peer_ip()).expect("a valid rule"));
     let mut svc = layer.layer(counting(&calls));
     // Clones, as axum makes one per connection, share the rule and its warning.
@@ -173,7 +173,7 @@ async fn a_rule_that_finds_no_key_warns_once_instead_of_limiting_nothing_in_sile
     assert!(!logged[0].contains("s3cret"), "{logged:?}");
 
     // A header rule says it too, once, and never shows what the request carried.
-    let mut by_key = RateLimitLayer::new(MemoryStore::with_clock(TokioClock::new()))
+    let mut by_key = RateLimitLayer::new(MemoryStore::new().with_clock(TokioClock::new()))
         .rule(Rule::new("per-key", one_per_minute, KeyExtractor::header(API_KEY)).expect("a rule"))
         .layer(counting(&calls));
     for _ in 0..10 {
@@ -195,7 +195,7 @@ async fn missing_key_pass_is_silent() {
     let rule = Rule::new("per-key", five_per_hour(), KeyExtractor::header(API_KEY))
         .expect("a valid rule")
         .on_missing_key(MissingKey::Pass);
-    let mut svc = RateLimitLayer::new(MemoryStore::with_clock(TokioClock::new()))
+    let mut svc = RateLimitLayer::new(MemoryStore::new().with_clock(TokioClock::new()))
         .rule(rule)
         .layer(counting(&calls));
     for _ in 0..10 {
@@ -208,7 +208,7 @@ async fn missing_key_pass_is_silent() {
 #[tokio::test(start_paused = true)]
 async fn missing_key_reject_answers_500_without_a_peer_address_and_400_without_the_header() {
     let (log, _guard) = logs::capture();
-    let store = MemoryStore::with_clock(TokioClock::new());
+    let store = MemoryStore::new().with_clock(TokioClock::new());
     let calls = Arc::new(AtomicUsize::new(0));
     let global = Rule::new("global", five_per_hour(), KeyExtractor::global()).expect("a rule");
     let per_ip = Rule::new("per-ip", five_per_hour(), KeyExtractor::peer_ip())
@@ -291,7 +291,7 @@ async fn send_all(
     header: ForwardedHeader,
     requests: impl IntoIterator<Item = Req>,
 ) -> (usize, MemoryStore<TokioClock>) {
-    let store = MemoryStore::with_clock(TokioClock::new());
+    let store = MemoryStore::new().with_clock(TokioClock::new());
     let calls = Arc::new(AtomicUsize::new(0));
     let mut svc = RateLimitLayer::new(store.clone())
         .rule(per_ip(behind_proxies(header)))

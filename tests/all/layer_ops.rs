@@ -26,7 +26,7 @@ fn per_key(limit: Limit) -> Rule {
 }
 
 fn store() -> MemoryStore<TokioClock> {
-    MemoryStore::with_clock(TokioClock::new())
+    MemoryStore::new().with_clock(TokioClock::new())
 }
 
 fn from(key: &str) -> Req {

@@ -35,7 +35,7 @@ fn on_tokio_time() -> (
     RateLimitMiddleware<MemoryStore<TokioClock>, TokioClock>,
 ) {
     let clock = TokioClock::new();
-    let store = MemoryStore::with_clock(clock);
+    let store = MemoryStore::new().with_clock(clock);
     (
         store.clone(),
         RateLimitMiddleware::new(store).with_clock(clock),
@@ -237,7 +237,7 @@ async fn a_request_dropped_while_the_store_answers_leaves_nothing_behind() {
     let upstream = Upstream::answering(StatusCode::OK);
     let orders = limit(1, 10_000, 1);
     let clock = TokioClock::new();
-    let memory = MemoryStore::with_clock(clock);
+    let memory = MemoryStore::new().with_clock(clock);
     let store = SlowReplies {
         inner: memory.clone(),
         delay: Duration::from_millis(200),
@@ -275,7 +275,7 @@ async fn a_request_on_two_routes_dropped_while_the_store_answers_gives_its_turn_
     let orders = limit(1, 10_000, 1);
     let account = limit(1, 10_000, 5);
     let clock = TokioClock::new();
-    let memory = MemoryStore::with_clock(clock);
+    let memory = MemoryStore::new().with_clock(clock);
     let store = SlowReplies {
         inner: memory.clone(),
         delay: Duration::from_millis(200),

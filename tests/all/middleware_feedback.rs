@@ -29,7 +29,7 @@ async fn waiting_requests_meet_a_429(
     Vec<(u128, StatusCode)>,
 ) {
     let clock = TokioClock::new();
-    let store = MemoryStore::with_clock(clock);
+    let store = MemoryStore::new().with_clock(clock);
     let api = Limit::new(1, Duration::from_millis(400)).expect("a valid limit");
     let upstream = Upstream::by_turn(|n| match n {
         0 => Answer::new(StatusCode::TOO_MANY_REQUESTS)
@@ -106,7 +106,7 @@ fn a_429s_back_off_survives_the_caller_going_away() {
         .expect("a runtime");
     runtime.block_on(async {
         let clock = ManualClock::new(1_000_000);
-        let store = HeldDrains::new(MemoryStore::with_clock(clock.clone()));
+        let store = HeldDrains::new(MemoryStore::new().with_clock(clock.clone()));
         let limit = Limit::per_second(1)
             .and_then(|l| l.with_burst(5))
             .expect("a valid limit");
@@ -205,7 +205,7 @@ async fn after_nothing_left(left: &'static [&'static str]) -> Vec<u128> {
     let limit = Limit::per_second(1)
         .and_then(|l| l.with_burst(2))
         .expect("a valid limit");
-    let limiter: OnTokioTime = RateLimitMiddleware::new(MemoryStore::with_clock(clock))
+    let limiter: OnTokioTime = RateLimitMiddleware::new(MemoryStore::new().with_clock(clock))
         .with_clock(clock)
         .route(Route::new("api", limit, "/orders").expect("a route"))
         .max_wait(Duration::from_secs(60));
@@ -266,7 +266,7 @@ mod retried {
         strategy: RetryStrategy,
     ) -> (reqwest_middleware::Result<StatusCode>, Vec<u128>) {
         let clock = TokioClock::new();
-        let limiter = RateLimitMiddleware::new(MemoryStore::with_clock(clock))
+        let limiter = RateLimitMiddleware::new(MemoryStore::new().with_clock(clock))
             .with_clock(clock)
             .route(
                 Route::new("api", Limit::per_second(1).expect("a limit"), "/orders")

@@ -42,7 +42,7 @@ async fn a_route_cost_takes_that_many_tokens_and_a_request_may_say_its_own() {
     let limit = Limit::per_second(1)
         .and_then(|l| l.with_burst(5))
         .expect("a valid limit");
-    let limiter = RateLimitMiddleware::new(MemoryStore::with_clock(clock))
+    let limiter = RateLimitMiddleware::new(MemoryStore::new().with_clock(clock))
         .with_clock(clock)
         .route(
             Route::new("api", limit, "/orders")
@@ -165,7 +165,7 @@ async fn a_request_refused_on_one_route_takes_nothing_from_the_other() {
     let account = Limit::new(1, Duration::from_secs(2))
         .and_then(|l| l.with_burst(2))
         .expect("a valid limit");
-    let limiter = RateLimitMiddleware::new(MemoryStore::with_clock(clock))
+    let limiter = RateLimitMiddleware::new(MemoryStore::new().with_clock(clock))
         .with_clock(clock)
         .route(Route::new("orders", endpoint, "/orders").expect("a route"))
         .route(Route::new("account", account, "/**").expect("a route"))
@@ -231,7 +231,7 @@ async fn of_two_routes_of_one_bucket_the_first_that_matches_applies() {
     let account = Limit::per_second(1)
         .and_then(|l| l.with_burst(20))
         .expect("a valid limit");
-    let limiter = RateLimitMiddleware::new(MemoryStore::with_clock(clock))
+    let limiter = RateLimitMiddleware::new(MemoryStore::new().with_clock(clock))
         .with_clock(clock)
         .route(
             Route::new("account", account, "/batch")
@@ -265,7 +265,7 @@ async fn several_routes_wait_by_default_no_longer_than_the_fastest_allows() {
     let clock = TokioClock::new();
     let endpoint = Limit::per_minute(1).expect("a valid limit");
     let account = Limit::per_second(10).expect("a valid limit");
-    let limiter = RateLimitMiddleware::new(MemoryStore::with_clock(clock))
+    let limiter = RateLimitMiddleware::new(MemoryStore::new().with_clock(clock))
         .with_clock(clock)
         .route(Route::new("orders", endpoint, "/orders").expect("a route"))
         .route(Route::new("account", account, "/**").expect("a route"));
@@ -298,7 +298,7 @@ fn seventeen_routes(max_wait: Duration) -> (OnTokioTime, MemoryStore<TokioClock>
     let routes = (0..16)
         .map(|i| Route::new(&format!("r{i}"), fast, "/**").expect("a route"))
         .chain([Route::new("account", account, "/**").expect("a route")]);
-    let store = MemoryStore::with_clock(clock);
+    let store = MemoryStore::new().with_clock(clock);
     let limiter = RateLimitMiddleware::new(store.clone())
         .with_clock(clock)
         .routes(routes)

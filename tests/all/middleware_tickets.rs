@@ -26,7 +26,7 @@ use crate::support::upstream::{
 /// book with, and a client through it.
 fn booked_client(upstream: &Upstream) -> (OnTokioTime, ClientWithMiddleware) {
     let clock = TokioClock::new();
-    let limiter = RateLimitMiddleware::new(MemoryStore::with_clock(clock))
+    let limiter = RateLimitMiddleware::new(MemoryStore::new().with_clock(clock))
         .with_clock(clock)
         .route(
             Route::new("api", Limit::per_second(1).expect("a limit"), "/orders").expect("a route"),
@@ -205,7 +205,7 @@ async fn a_ticket_whose_booking_the_store_refuses_is_not_made_and_its_tokens_go_
     let clock = TokioClock::new();
     let refusing = Arc::new(AtomicBool::new(true));
     let store = RefusedBookings {
-        inner: MemoryStore::with_clock(clock),
+        inner: MemoryStore::new().with_clock(clock),
         refusing: Arc::clone(&refusing),
     };
     let (orders, account_limit) = (
@@ -326,7 +326,7 @@ async fn a_ticket_sent_from_a_host_whose_clock_is_off_is_never_sent_out_of_its_t
     let upstream = Upstream::answering(StatusCode::OK);
     let start = tokio::time::Instant::now();
     let booking_clock = ManualClock::new(1_000_000);
-    let store = MemoryStore::with_clock(booking_clock.clone());
+    let store = MemoryStore::new().with_clock(booking_clock.clone());
     let host = |clock: ManualClock| {
         let limiter = RateLimitMiddleware::new(store.clone())
             .with_clock(clock)

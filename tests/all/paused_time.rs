@@ -13,7 +13,7 @@ fn orders() -> Limit {
 
 #[tokio::test(start_paused = true)]
 async fn sleeping_retry_after_is_admitted_on_the_first_retry() {
-    let store = MemoryStore::with_clock(TokioClock::new());
+    let store = MemoryStore::new().with_clock(TokioClock::new());
     let key = BucketKey::new("orders", "seller").expect("a valid key");
     for _ in 0..2 {
         assert!(
@@ -42,7 +42,7 @@ async fn sleeping_retry_after_is_admitted_on_the_first_retry() {
 
 #[tokio::test(start_paused = true)]
 async fn reserved_callers_go_out_one_interval_apart() {
-    let store = MemoryStore::with_clock(TokioClock::new());
+    let store = MemoryStore::new().with_clock(TokioClock::new());
     let key = BucketKey::new("orders", "seller").expect("a valid key");
     let ceiling = orders().default_max_wait(1);
     assert_eq!(ceiling, Duration::from_secs(120));
@@ -78,7 +78,7 @@ async fn reserved_callers_go_out_one_interval_apart() {
 
 #[tokio::test(start_paused = true)]
 async fn a_wait_past_the_ceiling_is_denied_without_taking_anything() {
-    let store = MemoryStore::with_clock(TokioClock::new());
+    let store = MemoryStore::new().with_clock(TokioClock::new());
     let key = BucketKey::new("orders", "seller").expect("a valid key");
     let ceiling = orders().default_max_wait(1);
     let mut waits = Vec::new();

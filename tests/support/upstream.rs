@@ -208,7 +208,7 @@ pub(crate) fn one_a_second_burst_5() -> OnTokioTime {
     let limit = Limit::per_second(1)
         .and_then(|l| l.with_burst(5))
         .expect("a valid limit");
-    RateLimitMiddleware::new(MemoryStore::with_clock(clock))
+    RateLimitMiddleware::new(MemoryStore::new().with_clock(clock))
         .with_clock(clock)
         .route(Route::new("api", limit, "/orders").expect("a route"))
         .max_wait(Duration::from_secs(60))
@@ -225,7 +225,7 @@ pub(crate) fn endpoint_and_account() -> OnTokioTime {
     let account = Limit::new(1, Duration::from_secs(2))
         .and_then(|l| l.with_burst(2))
         .expect("a valid limit");
-    RateLimitMiddleware::new(MemoryStore::with_clock(clock))
+    RateLimitMiddleware::new(MemoryStore::new().with_clock(clock))
         .with_clock(clock)
         .route(Route::new("orders", endpoint, "/orders").expect("a route"))
         .route(Route::new("account", account, "/**").expect("a route"))

@@ -47,7 +47,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
 /// The times (ms) at which each limiter let a request through.
 async fn admissions() -> Result<(Vec<u64>, Vec<u64>), Box<dyn Error>> {
     let clock = ManualClock::new(0);
-    let store = MemoryStore::with_clock(clock.clone());
+    let store = MemoryStore::new().with_clock(clock.clone());
     let limit = Limit::per_minute(LIMIT)?;
     let key = BucketKey::new("figure", "client")?;
     let (mut window, mut bucket) = (Vec::new(), Vec::new());

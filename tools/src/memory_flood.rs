@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use burstgate::{BucketKey, BucketStore, Limit, MemoryStore, SystemClock};
+use burstgate::{BucketKey, BucketStore, Limit, MemoryStore};
 use clap::Parser;
 
 /// A flood of made-up keys against a bounded MemoryStore.
@@ -31,7 +31,7 @@ struct Args {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let bound = Args::parse().bound;
-    let store = MemoryStore::bounded(bound, SystemClock);
+    let store = MemoryStore::bounded(bound);
     let limit = Limit::per_hour(5)?.with_burst(5)?;
     let rss_before = rss_kib();
     println!(

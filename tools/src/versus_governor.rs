@@ -136,7 +136,7 @@ fn main() -> Result<(), BoxError> {
         .iter()
         .map(|n| BucketKey::new("bench", n))
         .collect::<Result<Vec<_>, _>>()?;
-    let store = MemoryStore::with_clock(QuantaClock::new());
+    let store = MemoryStore::new().with_clock(QuantaClock::new());
     let limiter: DefaultKeyedRateLimiter<String> =
         RateLimiter::keyed(Quota::per_second(NonZeroU32::MAX));
 

@@ -115,7 +115,7 @@ const DEFAULT_MAX_BUCKETS: usize = 1 << 20;
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn tokio_test() -> Result<(), Box<dyn std::error::Error>> {
 /// let clock = ManualClock::new(0);
-/// let store = MemoryStore::with_clock(clock.clone());
+/// let store = MemoryStore::new().with_clock(clock.clone());
 /// let limit = Limit::per_second(1)?.with_burst(2)?;
 /// let key = BucketKey::new("api", "client-7")?;
 ///
@@ -154,30 +154,14 @@ impl Inner {
 }
 
 impl MemoryStore<SystemClock> {
-    /// An empty store on the system clock.
+    /// An empty store on the system clock, with a bound of 1,048,576 (2^20) buckets (see
+    /// [`bounded`](Self::bounded)); [`with_clock`](Self::with_clock) gives it another clock.
     pub fn new() -> Self {
-        Self::with_clock(SystemClock)
-    }
-}
-
-impl Default for MemoryStore<SystemClock> {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl<C: Clock> MemoryStore<C> {
-    /// An empty store that reads the time from `clock`, with a bound of 1,048,576 (2^20) buckets
-    /// (see [`bounded`](Self::bounded)).
-    pub fn with_clock(clock: C) -> Self {
-        Self::bounded(
-            NonZeroUsize::MIN.saturating_add(DEFAULT_MAX_BUCKETS - 1),
-            clock,
-        )
+        Self::bounded(NonZeroUsize::MIN.saturating_add(DEFAULT_MAX_BUCKETS - 1))
     }
 
-    /// An empty store that reads the time from `clock` and holds `max_buckets` buckets, with a
-    /// headroom stated exactly below. See [Memory](Self#memory) for what happens at the bound.
+    /// An empty store on the system clock that holds `max_buckets` buckets, with a headroom
+    /// stated exactly below. See [Memory](Self#memory) for what happens at the bound.
     ///
     /// The bound is honoured as a bound: while the store holds fewer buckets than `max_buckets`
     /// ([`len`](Self::len), which counts full buckets not yet dropped), no bucket is forgotten
@@ -202,9 +186,34 @@ impl<C: Clock> MemoryStore<C> {
     ///
     /// Any bound is accepted: the counts saturate, and the shards are at most 2^16 (8 MB),
     /// whatever the bound, since they are made up front.
-    pub fn bounded(max_buckets: NonZeroUsize, clock: C) -> Self {
+    pub fn bounded(max_buckets: NonZeroUsize) -> Self {
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        Self::laid_out(Layout::of(max_buckets.get(), threads), clock)
+        Self::laid_out(Layout::of(max_buckets.get(), threads), SystemClock)
+    }
+}
+
+impl Default for MemoryStore<SystemClock> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<C: Clock> MemoryStore<C> {
+    /// The same store reading the time from `clock` instead: a [`ManualClock`](crate::ManualClock)
+    /// or [`TokioClock`](crate::TokioClock) in tests. Give it while building the store, before
+    /// the first call: the buckets already held keep the times the old clock wrote, and clones
+    /// made before keep the old clock.
+    #[must_use]
+    pub fn with_clock<C2: Clock>(self, clock: C2) -> MemoryStore<C2> {
+        MemoryStore {
+            inner: self.inner,
+            clock,
+        }
+    }
+
+    /// The clock the store reads.
+    pub fn clock(&self) -> &C {
+        &self.clock
     }
 
     /// An empty store of `layout`'s shards.

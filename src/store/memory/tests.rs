@@ -151,7 +151,7 @@ fn op(keys: usize) -> impl Strategy<Value = Op> {
 /// the limit that wrote it, so a key that changed limits could rightly differ from the model.
 fn run(ops: &[Op], keys: &[BucketKey], limits: &[Limit]) -> Result<(), TestCaseError> {
     let clock = ManualClock::new(START);
-    let store = MemoryStore::with_clock(clock.clone());
+    let store = MemoryStore::new().with_clock(clock.clone());
     let mut model = Model::default();
     for op in ops {
         let now = clock.now_ms();
@@ -364,7 +364,7 @@ fn many_keys_through_growth_and_sweeps_decide_as_the_model() {
 /// A store on a standing clock, a limit of `burst` tokens that refills one an hour, and
 /// three keys.
 fn race_setup(burst: u32) -> (MemoryStore<ManualClock>, Limit, Vec<BucketKey>) {
-    let store = MemoryStore::with_clock(ManualClock::new(START));
+    let store = MemoryStore::new().with_clock(ManualClock::new(START));
     let limit = Limit::per_hour(1)
         .and_then(|l| l.with_burst(burst))
         .expect("a valid limit");
@@ -620,7 +620,7 @@ fn requests_on_several_new_keys_at_the_bound_from_a_fresh_thread_never_hang() {
 /// then the shard takes it into its table, where decisions need no shard lock.
 #[test]
 fn a_new_key_decided_often_moves_into_the_table() {
-    let store = MemoryStore::with_clock(ManualClock::new(START));
+    let store = MemoryStore::new().with_clock(ManualClock::new(START));
     let limit = Limit::per_second(1_000)
         .and_then(|l| l.with_burst(1_000_000))
         .expect("a valid limit");
@@ -653,7 +653,7 @@ fn a_thread_deciding_on_many_stores_keeps_each_exact() {
     const STORES: usize = STORES_PER_THREAD + 3;
     const BURST: u32 = 50;
     let stores: Vec<_> = (0..STORES)
-        .map(|_| MemoryStore::with_clock(ManualClock::new(START)))
+        .map(|_| MemoryStore::new().with_clock(ManualClock::new(START)))
         .collect();
     let limit = Limit::per_hour(1)
         .and_then(|l| l.with_burst(BURST))
@@ -676,7 +676,7 @@ fn a_thread_deciding_on_many_stores_keeps_each_exact() {
 fn bounded(max: usize) -> (MemoryStore<ManualClock>, ManualClock) {
     let clock = ManualClock::new(START);
     let max = NonZeroUsize::new(max).expect("a bound above zero");
-    (MemoryStore::bounded(max, clock.clone()), clock)
+    (MemoryStore::bounded(max).with_clock(clock.clone()), clock)
 }
 
 fn five_per_hour() -> Limit {
@@ -820,7 +820,7 @@ fn a_shard_full_of_debt_refuses_a_new_key_and_forgets_nothing() {
 #[test]
 fn a_reset_forgets_a_bucket_in_the_table_and_among_the_new_keys() {
     let clock = ManualClock::new(START);
-    let store = MemoryStore::with_clock(clock.clone());
+    let store = MemoryStore::new().with_clock(clock.clone());
     let limit = Limit::per_hour(1)
         .and_then(|l| l.with_burst(3))
         .expect("a valid limit");
@@ -947,7 +947,7 @@ fn a_small_bound_forgot_buckets_at_three_quarters_of_it() {
 /// overflowed (a panic in a debug build). The product saturates, and the store decides.
 #[test]
 fn the_largest_bound_overflowed_max_buckets() {
-    let store = MemoryStore::bounded(NonZeroUsize::MAX, ManualClock::new(START));
+    let store = MemoryStore::bounded(NonZeroUsize::MAX).with_clock(ManualClock::new(START));
     assert_eq!(store.max_buckets(), usize::MAX);
     let key = BucketKey::new("huge", "bound").expect("a valid key");
     spend(&store, &key, false).expect("admitted");

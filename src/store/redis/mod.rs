@@ -345,7 +345,7 @@ where
             conn,
             reconnect,
             timeline,
-            local: MemoryStore::with_clock(Arc::clone(&clock)),
+            local: MemoryStore::new().with_clock(Arc::clone(&clock)),
             touched: Arc::default(),
             last_answer: Arc::default(),
             clock,
@@ -381,7 +381,7 @@ where
         Ok(Self {
             prefix: Arc::from(prefix),
             deny: self.deny.as_ref().map(|_| Arc::new(DenyCache::new())),
-            local: MemoryStore::with_clock(Arc::clone(&self.clock)),
+            local: MemoryStore::new().with_clock(Arc::clone(&self.clock)),
             touched: Arc::default(),
             last_answer: Arc::default(),
             ..self
@@ -402,7 +402,7 @@ where
             conn: self.conn,
             reconnect: self.reconnect,
             timeline: None,
-            local: MemoryStore::with_clock(Arc::clone(&clock)),
+            local: MemoryStore::new().with_clock(Arc::clone(&clock)),
             touched: Arc::default(),
             last_answer: Arc::default(),
             clock,
