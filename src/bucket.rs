@@ -112,7 +112,7 @@ impl Params {
 
 /// What one call decided, in whole milliseconds and whole tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Outcome {
+pub(crate) struct Verdict {
     /// Admitted now (`wait == 0`) or after `wait` (a reservation).
     pub(crate) allowed: bool,
     /// Until admission when allowed, until it could be admitted when denied.
@@ -151,8 +151,8 @@ impl Write {
     /// What the script answers for a refund or a drain that wrote `self`, and what an
     /// admission with no wait answers: the script sends only the state it stored then, and
     /// the caller works this out from it.
-    pub(crate) fn outcome(&self) -> Outcome {
-        Outcome {
+    pub(crate) fn outcome(&self) -> Verdict {
+        Verdict {
             allowed: true,
             wait: 0,
             remaining: whole_tokens(self.state.t),
@@ -328,7 +328,7 @@ pub(crate) fn evaluate(
     now: u64,
     cost: f64,
     max_wait: u64,
-) -> (Outcome, Option<Write>) {
+) -> (Verdict, Option<Write>) {
     let now = time(now);
     let max_wait = if max_wait > MAX_WAIT {
         MAX_WAIT as f64
@@ -352,7 +352,7 @@ pub(crate) fn evaluate(
     };
     if wait <= max_wait {
         let w = write(p, avail - cost - over, ts);
-        let outcome = Outcome {
+        let outcome = Verdict {
             allowed: true,
             wait: whole(wait),
             remaining: whole_tokens(w.state.t),
@@ -361,7 +361,7 @@ pub(crate) fn evaluate(
         };
         (outcome, Some(w))
     } else {
-        let outcome = Outcome {
+        let outcome = Verdict {
             allowed: false,
             wait: whole(wait),
             remaining: whole_tokens(avail),
@@ -409,7 +409,7 @@ pub(crate) fn evaluate_all(
     parts: &[Part],
     now: u64,
     max_wait: u64,
-    mut each: impl FnMut(Outcome, Option<Write>),
+    mut each: impl FnMut(Verdict, Option<Write>),
 ) -> bool {
     let now = time(now);
     let max_wait = if max_wait > MAX_WAIT {
@@ -445,7 +445,7 @@ pub(crate) fn evaluate_all(
                 max(0.0, avail + refill(p, request_wait) - p.capacity)
             };
             let w = write(p, avail - part.cost - over, ts);
-            let outcome = Outcome {
+            let outcome = Verdict {
                 allowed: true,
                 wait: whole(request_wait),
                 remaining: whole_tokens(w.state.t),
@@ -454,7 +454,7 @@ pub(crate) fn evaluate_all(
             };
             each(outcome, Some(w));
         } else {
-            let outcome = Outcome {
+            let outcome = Verdict {
                 allowed: false,
                 wait: whole(wait),
                 remaining: whole_tokens(avail),
@@ -473,14 +473,14 @@ pub(crate) fn evaluate_all_collected(
     parts: &[Part],
     now: u64,
     max_wait: u64,
-) -> (bool, Vec<(Outcome, Option<Write>)>) {
+) -> (bool, Vec<(Verdict, Option<Write>)>) {
     let mut decided = Vec::with_capacity(parts.len());
     let admitted = evaluate_all(parts, now, max_wait, |o, w| decided.push((o, w)));
     (admitted, decided)
 }
 
 /// What a bucket holds at `now`, without taking or writing anything.
-pub(crate) fn peek(p: &Params, state: Option<State>, now: u64) -> Outcome {
+pub(crate) fn peek(p: &Params, state: Option<State>, now: u64) -> Verdict {
     let now = time(now);
     let (s, avail, ts, _) = available(p, state, now);
     // A token available now is available now. Otherwise the token is due after the later of
@@ -490,7 +490,7 @@ pub(crate) fn peek(p: &Params, state: Option<State>, now: u64) -> Outcome {
     } else {
         ready_at(p, s.t, s.ts, 1.0) - ts
     };
-    Outcome {
+    Verdict {
         allowed: avail >= 1.0,
         wait: whole(next),
         remaining: whole_tokens(avail),
@@ -502,8 +502,8 @@ pub(crate) fn peek(p: &Params, state: Option<State>, now: u64) -> Outcome {
 /// The answer of an operation that changed nothing (a refund that gave nothing back, a block
 /// whose deadline is not ahead, a lowering to more than the bucket holds): what the bucket holds,
 /// and no write, unless a stored time far ahead was moved back (`clamped`).
-fn unchanged(p: &Params, s: State, avail: f64, ts: f64, clamped: bool) -> (Outcome, Option<Write>) {
-    let outcome = Outcome {
+fn unchanged(p: &Params, s: State, avail: f64, ts: f64, clamped: bool) -> (Verdict, Option<Write>) {
+    let outcome = Verdict {
         allowed: false,
         wait: 0,
         remaining: whole_tokens(avail),
@@ -536,7 +536,7 @@ pub(crate) fn refund(
     now: u64,
     cost: f64,
     ready: u64,
-) -> (Outcome, Option<Write>) {
+) -> (Verdict, Option<Write>) {
     let now = time(now);
     let ready = time(ready);
     let (s, avail, ts, clamped) = available(p, state, now);
@@ -606,7 +606,7 @@ pub(crate) fn lower(
     state: Option<State>,
     now: u64,
     tokens: f64,
-) -> (Outcome, Option<Write>) {
+) -> (Verdict, Option<Write>) {
     let now = time(now);
     let (s, avail, ts, clamped) = available(p, state, now);
     // The Lua's `avail - avail % 1`, its whole tokens: above `tokens`, it is at least 1, and
@@ -637,7 +637,7 @@ pub(crate) fn block_until(
     state: Option<State>,
     now: u64,
     until: u64,
-) -> (Outcome, Option<Write>) {
+) -> (Verdict, Option<Write>) {
     let now = time(now);
     let (s, avail, ts, clamped) = available(p, state, now);
     if let Some(until) = block_deadline(ts, until) {

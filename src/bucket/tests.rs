@@ -648,7 +648,7 @@ fn the_last_reservation_is_refunded_whatever_the_rounding() {
 }
 
 /// What a bucket holds at `at` by the plain admission rule: whether a cost of one goes.
-fn admits_one(p: &Params, state: State, at: u64) -> Outcome {
+fn admits_one(p: &Params, state: State, at: u64) -> Verdict {
     evaluate(p, Some(state), at, 1.0, 0).0
 }
 

@@ -70,7 +70,7 @@ impl<T> Few<T> {
 }
 
 /// One rule that applies to a request: its bucket, and the request's cost and limit there.
-pub(crate) struct Planned {
+pub(crate) struct RuleTake {
     pub(crate) rule: usize,
     pub(crate) key: BucketKey,
     pub(crate) cost: u32,
@@ -158,7 +158,7 @@ impl<St> Refusal<St> {
 #[allow(clippy::manual_async_fn)] // see above
 pub(crate) fn decide<St: BucketStore + Clone>(
     config: Arc<Config<St>>,
-    plan: Few<Planned>,
+    plan: Few<RuleTake>,
 ) -> impl Future<Output = Verdict<St>> + Send {
     async move {
         // Asked only of a plan of several rules, so that one rule's request pays nothing for it.
@@ -255,9 +255,9 @@ pub(crate) fn decide<St: BucketStore + Clone>(
 /// token periods of its fastest rule: longer, it would hold that rule's tokens from everyone.
 async fn together<St: BucketStore + Clone>(
     config: &Arc<Config<St>>,
-    plan: &[Planned],
+    plan: &[RuleTake],
 ) -> Option<Verdict<St>> {
-    let shadow = |p: &Planned| config.shadow || config.rules[p.rule].shadow;
+    let shadow = |p: &RuleTake| config.shadow || config.rules[p.rule].shadow;
     let enforcing: Vec<usize> = (0..plan.len()).filter(|&n| !shadow(&plan[n])).collect();
     // Keys of different callers sit in different slots of a Cluster that has said so once.
     let first = plan[enforcing[0]].key.caller();
@@ -382,7 +382,7 @@ async fn together<St: BucketStore + Clone>(
 /// decision reported, and the fields and the info made.
 fn admit<St: BucketStore + Clone>(
     config: &Config<St>,
-    plan: &[Planned],
+    plan: &[RuleTake],
     applied: &[Taken],
     wait: Duration,
     guard: Option<RefundGuard<St>>,
@@ -426,9 +426,9 @@ fn admit<St: BucketStore + Clone>(
 #[inline]
 fn refuse<St>(
     config: &Config<St>,
-    plan: &[Planned],
+    plan: &[RuleTake],
     applied: &[Taken],
-    p: &Planned,
+    p: &RuleTake,
     outcome: Result<Decision, StoreError>,
 ) -> Why {
     match outcome {
@@ -445,7 +445,7 @@ fn refuse<St>(
 
 /// The tightest rule's decision, for the handler; `None` when no rule decided (a shadow rule
 /// whose store failed).
-fn info<St>(config: &Config<St>, plan: &[Planned], applied: &[Taken]) -> Option<RateLimitInfo> {
+fn info<St>(config: &Config<St>, plan: &[RuleTake], applied: &[Taken]) -> Option<RateLimitInfo> {
     let t = applied.iter().min_by_key(|t| t.decision.remaining())?;
     let p = &plan[t.planned];
     Some(RateLimitInfo {
@@ -481,7 +481,7 @@ fn policy<St>(
 
 /// Counts, reports and (at most once per rule and period) logs one rule's decision.
 #[inline]
-fn observe<St>(config: &Config<St>, p: &Planned, outcome: Outcome, d: &Decision) {
+fn observe<St>(config: &Config<St>, p: &RuleTake, outcome: Outcome, d: &Decision) {
     let r = &config.rules[p.rule];
     r.observer.count(r.bucket(), outcome);
     // An admission with no hook to tell, the usual case, has nothing more to do, and no call.
@@ -492,7 +492,7 @@ fn observe<St>(config: &Config<St>, p: &Planned, outcome: Outcome, d: &Decision)
 
 /// Reports one rule's decision to the hook and, unless it admitted the request, logs it (at most
 /// once per rule and period).
-fn report<St>(config: &Config<St>, p: &Planned, outcome: Outcome, d: &Decision) {
+fn report<St>(config: &Config<St>, p: &RuleTake, outcome: Outcome, d: &Decision) {
     let r = &config.rules[p.rule];
     let key = &p.key;
     if let Some(hook) = &config.on_decision {
@@ -545,7 +545,7 @@ fn report<St>(config: &Config<St>, p: &Planned, outcome: Outcome, d: &Decision) 
 }
 
 /// Counts, reports and (at most once per rule and period) logs a store's failure to decide.
-fn observe_failure<St>(config: &Config<St>, p: &Planned, e: &StoreError) {
+fn observe_failure<St>(config: &Config<St>, p: &RuleTake, e: &StoreError) {
     let r = &config.rules[p.rule];
     r.observer.count(r.bucket(), Outcome::Error);
     if let Some(hook) = &config.on_decision {
@@ -597,9 +597,9 @@ fn observe_failure<St>(config: &Config<St>, p: &Planned, e: &StoreError) {
 /// tokens and gave them back.
 fn reject<St>(
     config: &Config<St>,
-    plan: &[Planned],
+    plan: &[RuleTake],
     applied: &[Taken],
-    p: &Planned,
+    p: &RuleTake,
     d: &Decision,
 ) -> Why {
     let refusing = &config.rules[p.rule];

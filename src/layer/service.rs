@@ -8,7 +8,7 @@ use tower_service::Service;
 
 use super::body::ResponseBody;
 use super::config::Config;
-use super::decide::{Few, Planned, decide};
+use super::decide::{Few, RuleTake, decide};
 use super::future::ResponseFuture;
 use super::rejection::{self, Protocol};
 use super::rule::Plan;
@@ -49,7 +49,7 @@ where
         }
         for (rule, r) in self.config.rules.iter().enumerate() {
             match r.plan(&parts) {
-                Plan::Apply(key, cost, limit) => plan.push(Planned {
+                Plan::Apply(key, cost, limit) => plan.push(RuleTake {
                     rule,
                     key,
                     cost,

@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime};
 #[cfg(doc)]
 use super::BucketStore;
 use crate::Limit;
-use crate::bucket::Outcome;
+use crate::bucket::Verdict;
 
 /// What [`BucketStore::claim`] found of a one-time mark.
 ///
@@ -58,11 +58,11 @@ pub struct Decision {
 }
 
 impl Decision {
-    pub(crate) fn new(outcome: Outcome, limit: Limit, cost: u32) -> Self {
+    pub(crate) fn new(outcome: Verdict, limit: Limit, cost: u32) -> Self {
         Self::from(outcome, limit, cost, Source::Store)
     }
 
-    pub(crate) fn from(outcome: Outcome, limit: Limit, cost: u32, source: Source) -> Self {
+    pub(crate) fn from(outcome: Verdict, limit: Limit, cost: u32, source: Source) -> Self {
         Self {
             admitted: outcome.allowed,
             wait_ms: outcome.wait,
@@ -200,7 +200,7 @@ pub struct BucketState {
 }
 
 impl BucketState {
-    pub(crate) fn new(outcome: Outcome, limit: Limit) -> Self {
+    pub(crate) fn new(outcome: Verdict, limit: Limit) -> Self {
         let burst = limit.burst();
         Self {
             burst,

@@ -92,7 +92,7 @@ const CLOSING: u64 = u64::MAX;
 
 /// Whether a call may go to Redis, and the obligation to report how it went.
 ///
-/// A ticket that is dropped unreported (its caller was dropped mid-call: a client that went
+/// A permit that is dropped unreported (its caller was dropped mid-call: a client that went
 /// away, a timeout around the store, a `select!`) reports itself: a dropped probe counts as a
 /// failed one, so the probe slot is never held by a call that no longer exists. A dropped call
 /// through the closed circuit counts as a failure once it had waited as long as
@@ -100,7 +100,7 @@ const CLOSING: u64 = u64::MAX;
 /// store's own must not hide a stalled Redis from the breaker), and for nothing before: a
 /// client that goes away says nothing about Redis.
 #[derive(Debug)]
-pub(super) struct Ticket<'a> {
+pub(super) struct Permit<'a> {
     circuit: &'a Circuit,
     /// `Some(started)` when this call is the probe.
     probe: Option<u64>,
@@ -138,11 +138,11 @@ impl Circuit {
         whole_ms(self.config.open_for)
     }
 
-    /// A ticket for one call, or how long the circuit stays open yet.
-    pub(super) fn pass(&self) -> Result<Ticket<'_>, Duration> {
+    /// A permit for one call, or how long the circuit stays open yet.
+    pub(super) fn pass(&self) -> Result<Permit<'_>, Duration> {
         let until = self.open_until.load(Ordering::Acquire);
         if until == 0 {
-            return Ok(self.ticket(None));
+            return Ok(self.permit(None));
         }
         let now = self.now();
         if now < until {
@@ -162,7 +162,7 @@ impl Circuit {
                     "the probe of the open circuit never answered: a new one goes"
                 );
             }
-            return Ok(self.ticket(Some(now)));
+            return Ok(self.permit(Some(now)));
         }
         // Another call is probing; it is superseded at the latest `open_for` after it began.
         let started = self.probe.load(Ordering::Acquire);
@@ -172,8 +172,8 @@ impl Circuit {
         Err(Duration::from_millis(left.max(1)))
     }
 
-    fn ticket(&self, probe: Option<u64>) -> Ticket<'_> {
-        Ticket {
+    fn permit(&self, probe: Option<u64>) -> Permit<'_> {
+        Permit {
             circuit: self,
             probe,
             stall: None,
@@ -245,7 +245,7 @@ impl Circuit {
     }
 }
 
-impl Ticket<'_> {
+impl Permit<'_> {
     /// Counts a drop of this call after `wait` as a failure.
     pub(super) fn stalls_after(&mut self, wait: Duration) {
         self.stall = Some((tokio::time::Instant::now(), wait));
@@ -269,7 +269,7 @@ impl Ticket<'_> {
     }
 }
 
-impl Drop for Ticket<'_> {
+impl Drop for Permit<'_> {
     fn drop(&mut self) {
         if self.reported {
             return;
@@ -302,7 +302,7 @@ mod tests {
         tokio::time::advance(Duration::from_millis(ms))
     }
 
-    fn is_probe(pass: &Result<Ticket<'_>, Duration>) -> bool {
+    fn is_probe(pass: &Result<Permit<'_>, Duration>) -> bool {
         matches!(pass, Ok(t) if t.probe.is_some())
     }
 

@@ -329,7 +329,7 @@ where
     /// The claim script on the mark's own key; whatever the outage policy, a call Redis did not
     /// answer is an error, since no local table can say whether another process spent it.
     async fn claim(&self, key: &BucketKey, id: &str) -> Result<crate::Claim, StoreError> {
-        match self.spend_mark(key, id).await {
+        match self.claim_mark(key, id).await {
             Ok(found) => Ok(found),
             Err(Failure::Fatal(e) | Failure::Outage(e)) => Err(e),
         }

@@ -9,7 +9,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use hashbrown::{DefaultHashBuilder, HashTable};
 
-use crate::bucket::{self, Outcome, Params, Part, PerBucket, State};
+use crate::bucket::{self, Params, Part, PerBucket, State, Verdict};
 use crate::store::{Take, sharding};
 use crate::{BucketKey, Limit};
 
@@ -72,10 +72,10 @@ impl Drop for ForgetAllOnDrop<'_, '_> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Check {
     /// The cached state denies: the answer, with no round trip.
-    Deny(Outcome),
+    Deny(Verdict),
     /// Redis must decide. With the outcome the cached state predicts when an entry took the
     /// cost, as it expects Redis to.
-    Pass(Option<Outcome>),
+    Pass(Option<Verdict>),
 }
 
 /// The shard of this index among those held.
@@ -93,7 +93,7 @@ fn held_shard<'h>(
 pub(super) enum CheckAll {
     /// The cached states refuse the request: each bucket's outcome, in the order of the takes,
     /// as Redis would give it on those states, with no round trip.
-    Deny(PerBucket<Outcome>),
+    Deny(PerBucket<Verdict>),
     /// Redis must decide. `true` when every bucket had an entry and each took its part of the
     /// request, as Redis is expected to.
     Pass(bool),
@@ -426,7 +426,7 @@ mod tests {
         states: &[Option<State>],
         now: u64,
         max_wait: u64,
-    ) -> (bool, Vec<Outcome>, Vec<Option<State>>) {
+    ) -> (bool, Vec<Verdict>, Vec<Option<State>>) {
         let parts: Vec<Part> = takes
             .iter()
             .zip(states)

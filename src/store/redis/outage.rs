@@ -11,7 +11,7 @@ use redis::aio::ConnectionLike;
 
 use super::RedisStore;
 use super::wire::{Args, Op};
-use crate::bucket::{self, Outcome};
+use crate::bucket::{self, Verdict};
 use crate::clock::Clock;
 use crate::store::{BucketStore, Decision, Reservation, Source, StoreError, Take};
 use crate::{BucketKey, Limit};
@@ -111,8 +111,8 @@ where
     }
 
     /// What [`OutagePolicy::FailOpen`] answers: admitted now, nothing known to remain.
-    fn open_outcome(&self) -> Outcome {
-        Outcome {
+    fn open_outcome(&self) -> Verdict {
+        Verdict {
             allowed: true,
             wait: 0,
             remaining: 0,

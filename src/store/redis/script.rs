@@ -119,7 +119,7 @@ where
 
     /// Spends a one-time mark beside one bucket's key, through the circuit breaker and within
     /// the timeout.
-    pub(super) async fn spend_mark(&self, key: &BucketKey, id: &str) -> Result<Claim, Failure> {
+    pub(super) async fn claim_mark(&self, key: &BucketKey, id: &str) -> Result<Claim, Failure> {
         match self.send(key, Call::Claim { id }).await? {
             Value::Int(1) => Ok(Claim::First),
             Value::Int(0) => Ok(Claim::Spent),
@@ -134,8 +134,8 @@ where
     /// Sends one call for one bucket, through the circuit breaker and within the timeout: Redis's
     /// answer, or what its absence or its error means.
     async fn send(&self, key: &BucketKey, what: Call<'_>) -> Result<Value, Failure> {
-        let mut ticket = match self.circuit.pass() {
-            Ok(ticket) => ticket,
+        let mut permit = match self.circuit.pass() {
+            Ok(permit) => permit,
             Err(retry_in) => {
                 // Answered without waiting on anything: spend tokio's budget, so that a loop of
                 // such calls still lets other tasks run.
@@ -143,7 +143,7 @@ where
                 return Err(Failure::Outage(StoreError::Unavailable { retry_in }));
             }
         };
-        ticket.stalls_after(self.timeout / 2);
+        permit.stalls_after(self.timeout / 2);
         // A slot among the calls in flight. Taken before anything is sent, so that a caller who
         // gives up while waiting for one leaves nothing queued to run later.
         let mut timeout = self.timeout;
@@ -160,7 +160,7 @@ where
                     // Redis), and what was queued behind them is not sent into the same stall.
                     Ok(Ok(slot))
                         if timeout >= self.timeout / 2
-                            && (ticket.is_probe() || !self.circuit.is_open()) =>
+                            && (permit.is_probe() || !self.circuit.is_open()) =>
                     {
                         slot
                     }
@@ -186,7 +186,7 @@ where
                 done => done,
             }
         };
-        // Dropped here with the rest of this future if the caller goes away: a probe's ticket
+        // Dropped here with the rest of this future if the caller goes away: a probe's permit
         // then counts as a failure, and the circuit is never left waiting for it.
         #[cfg(feature = "metrics")]
         let started = tokio::time::Instant::now();
@@ -211,12 +211,12 @@ where
         }
         match result {
             Ok(Ok(value)) => {
-                ticket.success();
+                permit.success();
                 Ok(value)
             }
             Ok(Err(e)) if e.code() == Some("WRONGTYPE") => {
                 // Redis answered: it is up, the data is wrong.
-                ticket.success();
+                permit.success();
                 let key = what.named(&e).unwrap_or(key);
                 Err(Failure::Fatal(StoreError::WrongType {
                     bucket: key.bucket().to_owned(),
@@ -224,7 +224,7 @@ where
                 }))
             }
             Ok(Err(e)) if e.code() == Some(CORRUPT_CODE) => {
-                ticket.success();
+                permit.success();
                 let key = what.named(&e).unwrap_or(key);
                 Err(Failure::Fatal(StoreError::CorruptBucket {
                     bucket: key.bucket().to_owned(),
@@ -233,13 +233,13 @@ where
             }
             Ok(Err(e)) if e.code() == Some("CROSSSLOT") => {
                 // A cluster node refused keys of several slots: it is up, the keys are apart.
-                ticket.success();
+                permit.success();
                 Err(Failure::Fatal(StoreError::CrossSlot))
             }
             Ok(Err(e)) if is_redirect(&e) => {
                 // A slot on the move: the nodes are up and answering. The call failed, but this
                 // is no outage, and must not open the circuit for every key.
-                ticket.success();
+                permit.success();
                 Err(Failure::Outage(StoreError::Backend(BackendError::new(
                     "redis call redirected while a cluster slot moved",
                     Some(Box::new(e)),
@@ -248,14 +248,14 @@ where
             Ok(Err(e)) if about_the_call(&e) => {
                 // Redis answered about this call (the script failed on this key's value): the
                 // server is up and other keys are unaffected.
-                ticket.success();
+                permit.success();
                 Err(Failure::Fatal(StoreError::Backend(BackendError::new(
                     "redis refused the bucket script's call",
                     Some(Box::new(e)),
                 ))))
             }
             Ok(Err(e)) => {
-                ticket.failure(&e);
+                permit.failure(&e);
                 Err(Failure::Outage(StoreError::Backend(BackendError::new(
                     "redis call failed",
                     Some(Box::new(e)),
@@ -265,7 +265,7 @@ where
                 let error = StoreError::Timeout {
                     after: self.timeout,
                 };
-                ticket.failure(&error);
+                permit.failure(&error);
                 Err(Failure::Outage(error))
             }
         }

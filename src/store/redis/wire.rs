@@ -10,7 +10,7 @@ use std::fmt;
 
 use redis::{Cmd, Value};
 
-use crate::bucket::{self, Outcome, Params, State};
+use crate::bucket::{self, Params, State, Verdict};
 use crate::store::{BackendError, StoreError, Take};
 use crate::{BucketKey, Limit};
 
@@ -202,7 +202,7 @@ impl Args {
 /// What the script answered.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) struct Reply {
-    pub(super) outcome: Outcome,
+    pub(super) outcome: Verdict,
     /// The bucket's state as the script left it, where the reply carries it: with a denial, the
     /// state it denied on (and left alone); with an admission with no wait, the state it stored.
     pub(super) state: Option<State>,
@@ -274,7 +274,7 @@ pub(super) fn parse_reply(value: &Value, args: &Args, now: u64) -> Result<Reply,
         _ => return Err(bad()),
     };
     Ok(Reply {
-        outcome: Outcome {
+        outcome: Verdict {
             allowed: allowed == 1,
             wait,
             remaining,
@@ -389,7 +389,7 @@ pub(super) fn command_all(
 /// What the several-bucket script answered for one bucket.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) struct Each {
-    pub(super) outcome: Outcome,
+    pub(super) outcome: Verdict,
     /// What the key holds after the call: the state the script stored when it admitted, the one
     /// it read (after a far lead moved back) when it denied; `None` for a key that holds nothing,
     /// which only a denial leaves.
@@ -430,7 +430,7 @@ pub(super) fn parse_all(value: &Value, takes: &[Take<'_>]) -> Result<Vec<Each>, 
             let [allowed, wait, remaining, reset, at, t, ts] = numbers;
             let [allowed, wait, remaining, reset, at] =
                 [allowed, wait, remaining, reset, at].map(to_whole);
-            let outcome = Outcome {
+            let outcome = Verdict {
                 allowed: match allowed? {
                     0 => false,
                     1 => true,

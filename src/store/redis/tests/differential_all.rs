@@ -26,7 +26,7 @@ use super::{
     PLANTED_NOW, Rng, Step, Stored, check_step, connect, every_mutant_is_caught, load,
     planted_values, random_limit, traces,
 };
-use crate::bucket::{self, MAX_TIME, MAX_WAIT, Outcome, Params, Part, State};
+use crate::bucket::{self, MAX_TIME, MAX_WAIT, Params, Part, State, Verdict};
 use crate::store::Take;
 use crate::store::redis::script::{CORRUPT_CODE, script_all};
 use crate::store::redis::wire::{Op, decode, decode_halt, pack_all, parse_all};
@@ -106,7 +106,7 @@ async fn check_all(
     buckets: &mut [Bucket],
     (now, takes, max_wait): (u64, &[(usize, u64)], u64),
     log: &str,
-) -> Result<Vec<Outcome>, String> {
+) -> Result<Vec<Verdict>, String> {
     let parts = parts(buckets, takes);
     let (allowed, results) = bucket::evaluate_all_collected(&parts, now, max_wait);
     // For each key: the TTL the call sets, if it sets one, and whether the key was there.
@@ -151,7 +151,7 @@ async fn check_all(
         }
         ttls.push((ttl, existed));
     }
-    let expected: Vec<Outcome> = results.iter().map(|&(o, _)| o).collect();
+    let expected: Vec<Verdict> = results.iter().map(|&(o, _)| o).collect();
 
     let bucket_key = BucketKey::new("b", "k").map_err(|e| e.to_string())?;
     let all: Vec<Take<'_>> = takes
@@ -197,7 +197,7 @@ async fn check_all(
         .filter(|(_, reads)| reads.len() == 2 * names.len())
         .ok_or_else(|| format!("{log}  redis answered {replies:?}"))?;
     let each = parse_all(reply, &all).map_err(|e| format!("{log}  reply: {e}: {reply:?}"))?;
-    let got: Vec<Outcome> = each.iter().map(|e| e.outcome).collect();
+    let got: Vec<Verdict> = each.iter().map(|e| e.outcome).collect();
     if got != expected {
         return Err(format!(
             "{log}  outcomes: reference {expected:?}, lua {got:?}"

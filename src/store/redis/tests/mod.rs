@@ -147,7 +147,7 @@ pub(super) async fn check_step(
         max_wait,
     }: Step,
     log: &str,
-) -> Result<bucket::Outcome, String> {
+) -> Result<bucket::Verdict, String> {
     let p = Params::of(&limit);
     let state = stored.state;
     // The halt the call sees, and stores if it writes: a set stores none.

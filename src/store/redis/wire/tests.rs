@@ -35,7 +35,7 @@ pub(in crate::store::redis) fn state(t: f64, ts: f64) -> Value {
 fn an_admission_with_no_wait_is_worked_out_from_the_state_it_stored() {
     // 9.5 tokens stored at now: 9 whole left, and the half token missing refills in 50 ms.
     let admit = parse_reply(&state(9.5, NOW as f64), &acquire(), NOW).expect("parses");
-    let expected = Outcome {
+    let expected = Verdict {
         allowed: true,
         wait: 0,
         remaining: 9,
@@ -108,7 +108,7 @@ fn an_admission_and_a_denial_with_its_state_parse() {
     assert_eq!(
         admit,
         Reply {
-            outcome: Outcome {
+            outcome: Verdict {
                 allowed: true,
                 wait: 0,
                 remaining: 9,
@@ -156,7 +156,7 @@ fn a_denial_with_no_wait_is_worked_out_from_the_value_it_read() {
     assert_eq!(
         deny,
         Reply {
-            outcome: Outcome {
+            outcome: Verdict {
                 allowed: false,
                 wait: 75,
                 remaining: 0,
