@@ -9,7 +9,7 @@ use sha2::{Digest, Sha256};
 
 pub(crate) use crate::error::{InvalidKey, InvalidName};
 
-type HmacSha256 = Hmac<Sha256>;
+pub(crate) type HmacSha256 = Hmac<Sha256>;
 
 /// The shortest [`KeySecret`], in bytes: shorter secrets can be guessed.
 const MIN_SECRET_LEN: usize = 16;
@@ -319,7 +319,8 @@ pub(crate) fn push_hex(out: &mut String, bytes: &[u8]) {
 }
 
 /// 32 bytes from the operating system's random source.
-fn random_bytes() -> [u8; 32] {
+#[cfg_attr(not(feature = "reqwest"), allow(dead_code))]
+pub(crate) fn random_bytes() -> [u8; 32] {
     let mut bytes = [0u8; 32];
     if getrandom::fill(&mut bytes).is_err() {
         // No OS randomness (a sandbox without getrandom): std's per-process hasher keys come
@@ -364,16 +365,16 @@ pub struct KeySecret {
     /// The HMAC with the secret already absorbed, so each key costs two SHA-256 blocks and no
     /// copy of the secret.
     mac: Arc<HmacSha256>,
-    /// The HMAC that signs the middleware's tickets, under a key of its own: the HMAC of the
-    /// secret under a fixed label. Never a MAC made with `mac`, whose outputs for account names
-    /// are written into Redis and tickets in clear, and so can be had for any chosen input.
-    #[cfg(feature = "reqwest")]
-    tickets: Arc<HmacSha256>,
+    /// An HMAC under a key of its own, derived from the secret (its HMAC under a fixed label),
+    /// for signatures: never a MAC made with `mac`, whose outputs for account names are written
+    /// into Redis in clear, and so can be had for any chosen input. The middleware signs its
+    /// tickets with it.
+    signing: Arc<HmacSha256>,
 }
 
-/// The key of the HMAC under which a secret's ticket key is derived from it.
-#[cfg(feature = "reqwest")]
-const TICKET_KEY_LABEL: &[u8] = b"burstgate ticket signing key, version 1";
+/// The key of the HMAC under which a secret's signing key is derived from it. Its text names
+/// tickets, the first thing signed with it; changing it would refuse every ticket outstanding.
+pub(crate) const SIGNING_KEY_LABEL: &[u8] = b"burstgate ticket signing key, version 1";
 
 impl KeySecret {
     /// A secret of at least 16 bytes.
@@ -383,9 +384,8 @@ impl KeySecret {
             return Err(InvalidKey::ShortSecret);
         }
         let mac = HmacSha256::new_from_slice(secret).map_err(|_| InvalidKey::ShortSecret)?;
-        #[cfg(feature = "reqwest")]
-        let tickets = {
-            let mut derive = HmacSha256::new_from_slice(TICKET_KEY_LABEL)
+        let signing = {
+            let mut derive = HmacSha256::new_from_slice(SIGNING_KEY_LABEL)
                 .map_err(|_| InvalidKey::ShortSecret)?;
             derive.update(secret);
             HmacSha256::new_from_slice(&derive.finalize().into_bytes())
@@ -393,8 +393,7 @@ impl KeySecret {
         };
         Ok(Self {
             mac: Arc::new(mac),
-            #[cfg(feature = "reqwest")]
-            tickets: Arc::new(tickets),
+            signing: Arc::new(signing),
         })
     }
 
@@ -404,36 +403,10 @@ impl KeySecret {
         mac.finalize().into_bytes().into()
     }
 
-    /// The signature of a ticket's text, under the ticket key derived from this secret.
-    #[cfg(feature = "reqwest")]
-    pub(crate) fn sign_ticket(&self, text: &[u8]) -> [u8; 32] {
-        let mut mac = HmacSha256::clone(&self.tickets);
-        mac.update(text);
-        mac.finalize().into_bytes().into()
-    }
-
-    /// Whether `tag` is the signature of a ticket's `text`, compared in constant time.
-    #[cfg(feature = "reqwest")]
-    pub(crate) fn verify_ticket(&self, text: &[u8], tag: &[u8]) -> bool {
-        let mut mac = HmacSha256::clone(&self.tickets);
-        mac.update(text);
-        mac.verify_slice(tag).is_ok()
-    }
-
-    /// A secret drawn from the operating system's random source.
-    #[cfg(feature = "reqwest")]
-    pub(crate) fn random() -> Self {
-        Self::new(random_bytes())
-            .unwrap_or_else(|_| unreachable!("32 bytes are more than the minimum"))
-    }
-
-    /// 16 random bytes: a ticket's nonce.
-    #[cfg(feature = "reqwest")]
-    pub(crate) fn nonce() -> [u8; 16] {
-        let bytes = random_bytes();
-        let mut nonce = [0u8; 16];
-        nonce.copy_from_slice(&bytes[..16]);
-        nonce
+    /// A fresh HMAC under the signing key derived from this secret, to sign or verify with.
+    #[cfg_attr(not(feature = "reqwest"), allow(dead_code))]
+    pub(crate) fn signer(&self) -> HmacSha256 {
+        HmacSha256::clone(&self.signing)
     }
 }
 
@@ -593,28 +566,6 @@ mod tests {
             .map(|b| format!("{b:02x}"))
             .collect();
         assert_ne!(fp, unsalted);
-    }
-
-    #[test]
-    #[cfg(feature = "reqwest")]
-    fn no_keyed_account_reveals_what_signs_tickets() {
-        let secret = KeySecret::new(b"an application secret, sixteen+").unwrap();
-        let text = b"burstgate-ticket:1:5:1:s:00112233445566778899aabbccddeeff:orders:k";
-        let tag = secret.sign_ticket(text);
-        assert!(secret.verify_ticket(text, &tag));
-        // Whatever account a client names, its keyed bucket key (written into Redis in clear)
-        // is not the ticket key, nor a ticket's signature.
-        for account in [
-            &b"burstgate derived secret: tickets"[..],
-            TICKET_KEY_LABEL,
-            text,
-        ] {
-            let key = BucketKey::keyed("orders", account, &secret).unwrap();
-            let hex: String = tag.iter().map(|b| format!("{b:02x}")).collect();
-            assert!(!key.as_str().contains(&hex));
-        }
-        let other = KeySecret::new(b"another application secret!!").unwrap();
-        assert!(!other.verify_ticket(text, &tag));
     }
 
     #[test]

@@ -120,7 +120,7 @@ impl<St: BucketStore + Clone> RateLimitMiddleware<St, SystemClock> {
                 default: None,
                 account_header: None,
                 key_secret: None,
-                ticket_secret: KeySecret::random(),
+                ticket_secret: ticket::random_secret(),
                 max_wait: None,
                 error_cost: 1,
                 max_backoff: DEFAULT_MAX_BACKOFF,

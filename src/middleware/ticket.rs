@@ -5,6 +5,8 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::{Duration, SystemTime};
 
+use hmac::Mac;
+
 use crate::{BucketKey, KeySecret, Reservation};
 
 /// A turn booked in a route's shared bucket for a request that a job queue sends later, from
@@ -133,16 +135,20 @@ impl Ticket {
             reservation,
             more,
             until_ms: latest.saturating_add(grace_ms),
-            nonce: KeySecret::nonce(),
+            nonce: nonce(),
             mac: [0; 32],
         };
-        ticket.mac = secret.sign_ticket(ticket.signed_text().as_bytes());
+        let mut mac = secret.signer();
+        mac.update(ticket.signed_text().as_bytes());
+        ticket.mac = mac.finalize().into_bytes().into();
         ticket
     }
 
-    /// Whether the ticket's MAC is `secret`'s.
+    /// Whether the ticket's MAC is `secret`'s, compared in constant time.
     pub(super) fn verify(&self, secret: &KeySecret) -> bool {
-        secret.verify_ticket(self.signed_text().as_bytes(), &self.mac)
+        let mut mac = secret.signer();
+        mac.update(self.signed_text().as_bytes());
+        mac.verify_slice(&self.mac).is_ok()
     }
 
     /// When its grace ends: sent later, it is expired.
@@ -293,6 +299,21 @@ impl fmt::Debug for Ticket {
 
 crate::text::serde_as_text!(Ticket, "a burstgate ticket");
 
+/// The secret a middleware signs its tickets with when given none: drawn from the operating
+/// system's random source, so its tickets are good in its own process only.
+pub(super) fn random_secret() -> KeySecret {
+    KeySecret::new(crate::key::random_bytes())
+        .unwrap_or_else(|_| unreachable!("32 bytes are more than the minimum"))
+}
+
+/// 16 random bytes: a ticket's nonce.
+fn nonce() -> [u8; 16] {
+    let bytes = crate::key::random_bytes();
+    let mut nonce = [0u8; 16];
+    nonce.copy_from_slice(&bytes[..16]);
+    nonce
+}
+
 /// Why a [`Ticket`](crate::middleware::Ticket) could not be read or used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -342,6 +363,31 @@ impl StdError for TicketError {}
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn no_keyed_account_reveals_what_signs_tickets() {
+        let secret = secret();
+        let text = b"burstgate-ticket:1:5:1:s:00112233445566778899aabbccddeeff:orders:k";
+        let sign = |secret: &KeySecret| {
+            let mut mac = secret.signer();
+            mac.update(text);
+            <[u8; 32]>::from(mac.finalize().into_bytes())
+        };
+        let tag = sign(&secret);
+        // Whatever account a client names, its keyed bucket key (written into Redis in clear)
+        // is not the ticket key, nor a ticket's signature.
+        for account in [
+            &b"burstgate derived secret: tickets"[..],
+            crate::key::SIGNING_KEY_LABEL,
+            text,
+        ] {
+            let key = BucketKey::keyed("orders", account, &secret).unwrap();
+            let hex: String = tag.iter().map(|b| format!("{b:02x}")).collect();
+            assert!(!key.as_str().contains(&hex));
+        }
+        let other = KeySecret::new(b"another application secret!!").unwrap();
+        assert_ne!(sign(&other), tag);
+    }
 
     fn secret() -> KeySecret {
         KeySecret::new(b"an application secret, sixteen+").unwrap()

@@ -50,7 +50,7 @@ mod dyn_store;
 mod memory;
 mod sharding;
 mod take;
-#[cfg(any(feature = "redis", feature = "reqwest"))]
+#[cfg(feature = "redis")]
 pub(crate) use decision::Source;
 pub use decision::{BucketState, Claim, Decision, Reservation};
 #[cfg(any(feature = "redis", feature = "tower"))]
