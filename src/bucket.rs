@@ -1,3 +1,4 @@
+// Over 600 lines: one idea, the reference arithmetic that the Lua scripts mirror step by step.
 //! The reference token-bucket arithmetic (docs/DESIGN.md, "One arithmetic, two mirrors").
 //!
 //! Every store decides through these functions, and `store/redis/bucket.lua` mirrors them

@@ -1,3 +1,4 @@
+// Over 600 lines: one idea, each outage policy through real Redis faults, under load.
 //! The fault suite: real redis-server processes killed, restarted, paused, flushed and fed a key
 //! of the wrong type while two stores (two "processes" sharing one budget) decide under load,
 //! once per outage policy. Each run prints its figures, and asserts what the policy promises:

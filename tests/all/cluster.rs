@@ -1,3 +1,4 @@
+// Over 600 lines: one idea, the Redis store on a real Redis Cluster.
 //! `RedisStore` on a real Redis Cluster of three primaries: keys spread over every primary, a
 //! slot moved by hand while callers keep deciding (MOVED and ASK), and the script reloaded on
 //! its key's node while another primary is down.

@@ -1,3 +1,4 @@
+// Over 600 lines: one idea, one conformance suite written once for every store.
 //! One conformance suite, written once, run against every `BucketStore`: `MemoryStore`,
 //! `RedisStore` on a real Redis and on a real three-primary Redis Cluster, and both behind
 //! `Arc<dyn DynBucketStore>`.

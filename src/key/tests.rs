@@ -1,0 +1,173 @@
+use super::*;
+
+#[test]
+fn name_errors_say_what_was_wrong() {
+    let said = |name: &str| BucketName::new(name).map(drop).map_err(|e| e.to_string());
+    assert_eq!(
+        said(""),
+        Err("invalid bucket name: it is empty (it must be 1 to 64 bytes)".into())
+    );
+    assert_eq!(
+        said(&"x".repeat(70)),
+        Err("invalid bucket name: it is 70 bytes long (at most 64)".into())
+    );
+    assert_eq!(
+        said("a b"),
+        Err(
+            "invalid bucket name: byte 1 is ' ', not an ascii letter, digit, '_', '.' or '-'"
+                .into()
+        )
+    );
+    assert_eq!(
+        said("caf\u{e9}"),
+        Err(
+            "invalid bucket name: byte 3 is 0xC3, not an ascii letter, digit, '_', '.' or '-'"
+                .into()
+        )
+    );
+    assert_eq!(said("a-b_c.9"), Ok(()));
+}
+
+#[test]
+fn a_name_checked_once_makes_the_same_keys() {
+    let secret = KeySecret::new([9u8; 16]).expect("a valid secret");
+    let name = BucketName::new("orders").expect("a valid name");
+    assert_eq!(name.key("s:1"), BucketKey::new("orders", "s:1"));
+    assert_eq!(name.hashed_key("t"), BucketKey::hashed("orders", "t"));
+    assert_eq!(
+        name.keyed_key("t", &secret),
+        BucketKey::keyed("orders", "t", &secret)
+    );
+    assert_eq!(name.key(""), Err(InvalidKey::EmptyKey));
+    assert_eq!("orders".parse::<BucketName>(), Ok(name.clone()));
+    assert_eq!(format!("{name} {name:?}"), "orders BucketName(\"orders\")");
+}
+
+#[test]
+fn separators_and_hash_tags_are_escaped() {
+    let k = BucketKey::new("b", "a:{x}\n %#").map(|k| k.as_str().to_owned());
+    assert_eq!(k.as_deref(), Ok("b:a%3A%7Bx%7D%0A%20%25%23"));
+}
+
+#[test]
+fn binary_keys_are_escaped_and_distinct() {
+    let a = BucketKey::new("b", [0u8, 255]);
+    let b = BucketKey::new("b", "%00%FF");
+    assert_eq!(a.as_ref().map(|k| k.as_str()), Ok("b:%00%FF"));
+    assert_eq!(b.as_ref().map(|k| k.as_str()), Ok("b:%2500%25FF"));
+}
+
+#[test]
+fn huge_keys_are_hashed_to_a_fixed_size() {
+    let huge = vec![b'x'; 1 << 20];
+    let k = BucketKey::new("b", &huge).map(|k| k.as_str().len());
+    assert_eq!(k, Ok(2 + 1 + 64));
+    // Just under the threshold stays readable.
+    let k = BucketKey::new("b", [b'y'; 128]).map(|k| k.as_str().len());
+    assert_eq!(k, Ok(2 + 128));
+}
+
+#[test]
+fn secrets_never_appear_in_clear() {
+    let k = BucketKey::hashed("orders", "token-abc").map(|k| k.to_string());
+    let k = k.unwrap_or_default();
+    assert!(k.starts_with("orders:#") && !k.contains("token"), "{k}");
+    assert!(!format!("{:?}", BucketKey::hashed("o", "token-abc")).contains("token"));
+}
+
+#[test]
+fn keyed_hashes_cannot_be_checked_without_the_secret() {
+    let a = KeySecret::new([1u8; 16]).expect("a valid secret");
+    let b = KeySecret::new([2u8; 16]).expect("a valid secret");
+    let basic = "Basic dXNlcjpodW50ZXIy";
+    let plain = BucketKey::hashed("login", basic).expect("a valid key");
+    let keyed = BucketKey::keyed("login", basic, &a).expect("a valid key");
+    let other = BucketKey::keyed("login", basic, &b).expect("a valid key");
+    // An unkeyed hash is what anyone can compute from a guess; a keyed one is not.
+    assert_eq!(
+        plain.as_str(),
+        format!("login:#{:x}", Sha256::digest(basic))
+    );
+    assert_ne!(keyed, plain);
+    assert_ne!(keyed, other);
+    assert_eq!(keyed.as_str().len(), "login:#".len() + 64);
+    assert!(!keyed.as_str().contains("dXNl"));
+    // The same secret names the same bucket, in every process.
+    assert_eq!(BucketKey::keyed("login", basic, &a), Ok(keyed));
+    assert_eq!(format!("{a:?}"), "KeySecret(<secret>)");
+}
+
+#[test]
+fn an_ipv4_fingerprint_does_not_reverse_by_enumeration() {
+    let key = BucketKey::new("ip", "203.0.113.7").expect("a valid key");
+    let fp = key.fingerprint();
+    assert_eq!(fp.len(), 12);
+    assert_eq!(key.fingerprint(), fp, "stable within the process");
+    // What an attacker who enumerates addresses would compute: the unsalted hash.
+    let unsalted: String = Sha256::digest(key.as_str())[..6]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert_ne!(fp, unsalted);
+}
+
+#[test]
+#[cfg(feature = "reqwest")]
+fn a_key_read_back_from_its_text_is_the_same_key() {
+    let secret = KeySecret::new(b"an application secret, sixteen+").unwrap();
+    for key in [
+        BucketKey::new("orders", "seller:42").unwrap(),
+        BucketKey::new("ip", [10u8, 0, 0, 255]).unwrap(),
+        BucketKey::new("orders", "x".repeat(200)).unwrap(),
+        BucketKey::hashed("orders", "Bearer t").unwrap(),
+        BucketKey::keyed("orders", "Bearer t", &secret).unwrap(),
+    ] {
+        assert_eq!(BucketKey::from_id(key.as_str()), Some(key));
+    }
+    for bad in [
+        "orders",
+        "orders:",
+        "bad name:k",
+        "orders:a:b",
+        "orders:%3a",
+        "orders:%41",
+        "orders:%4",
+        "orders:#abc",
+        "orders:#ABCDEF0123456789ABCDEF0123456789ABCDEF0123456789ABCDEF0123456789",
+        "orders:a b",
+    ] {
+        assert_eq!(BucketKey::from_id(bad), None, "{bad}");
+    }
+    assert_eq!(BucketKey::from_id(&format!("o:{}", "a".repeat(129))), None);
+}
+
+#[test]
+fn bad_names_and_empty_keys_are_refused() {
+    let name = |why| Err(InvalidKey::BucketName(why));
+    assert_eq!(BucketKey::new("", "k"), name(InvalidName::Empty));
+    let colon = InvalidName::Character {
+        index: 1,
+        byte: b':',
+    };
+    assert_eq!(BucketKey::new("a:b", "k"), name(colon));
+    assert_eq!(
+        BucketKey::new(&"n".repeat(65), "k"),
+        name(InvalidName::TooLong { len: 65 })
+    );
+    assert_eq!(BucketKey::new(&"n".repeat(64), "k").map(drop), Ok(()));
+    assert_eq!(BucketKey::new("orders", ""), Err(InvalidKey::EmptyKey));
+    assert_eq!(BucketKey::hashed("orders", ""), Err(InvalidKey::EmptyKey));
+    let secret = KeySecret::new([7u8; 16]).expect("a valid secret");
+    assert_eq!(
+        BucketKey::keyed("orders", "", &secret),
+        Err(InvalidKey::EmptyKey)
+    );
+    assert_eq!(
+        KeySecret::new([7u8; 15]).err(),
+        Some(InvalidKey::ShortSecret)
+    );
+    assert_eq!(
+        BucketKey::new("orders", "k").map(|k| k.bucket().to_owned()),
+        Ok("orders".into())
+    );
+}
