@@ -1,3 +1,4 @@
+// Over 600 lines: one idea, every bad input on every store, each refused or ignored as documented.
 //! Bad input: each is either refused with a typed error or clamped as documented, and
 //! each test asserts which. The store cases run on `MemoryStore` and, with the `redis` feature, on
 //! `RedisStore` against a real Redis, since the Lua script must refuse and clamp exactly as the

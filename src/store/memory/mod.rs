@@ -1,3 +1,4 @@
+// Over 600 lines: one idea, the in-memory store: its table protocol and its BucketStore impl.
 //! The in-process store: `MemoryStore`, its constructors and its `BucketStore` impl, and the
 //! decision's hot path (`with_bucket`). The pieces it is made of live beside it:
 //!
