@@ -259,6 +259,8 @@ mod key;
 #[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 pub mod layer;
 mod limit;
+#[cfg(any(feature = "tower", feature = "reqwest"))]
+mod log_gate;
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub mod metrics;

@@ -4,9 +4,9 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use crate::log_gate::LogGate;
 use crate::{BucketKey, Limit, StoreError};
 
 /// How one rule decided on one request, as [`DecisionEvent::outcome`] and the
@@ -108,51 +108,6 @@ impl DecisionEvent<'_> {
 
 pub(crate) type DecisionHook = Arc<dyn Fn(&DecisionEvent<'_>) + Send + Sync>;
 
-/// The least time between two log events of one kind for one rule.
-pub(crate) const LOG_EVERY: Duration = Duration::from_secs(10);
-
-/// Lets one event through per [`LOG_EVERY`] and counts the others, so that the event that does
-/// go out says how many it stands for. Shared by a rule's clones.
-#[derive(Debug)]
-pub(crate) struct LogGate {
-    start: tokio::time::Instant,
-    /// Milliseconds since `start` before which nothing is logged.
-    next: AtomicU64,
-    suppressed: AtomicU64,
-}
-
-impl LogGate {
-    pub(crate) fn new() -> Self {
-        Self {
-            start: tokio::time::Instant::now(),
-            next: AtomicU64::new(0),
-            suppressed: AtomicU64::new(0),
-        }
-    }
-
-    /// `Some(events suppressed since the last one)` when this event may be logged.
-    pub(crate) fn admit(&self) -> Option<u64> {
-        let now = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let next = self.next.load(Ordering::Relaxed);
-        let every = LOG_EVERY.as_millis() as u64;
-        if now >= next
-            && self
-                .next
-                .compare_exchange(
-                    next,
-                    now.saturating_add(every),
-                    Ordering::Relaxed,
-                    Ordering::Relaxed,
-                )
-                .is_ok()
-        {
-            return Some(self.suppressed.swap(0, Ordering::Relaxed));
-        }
-        self.suppressed.fetch_add(1, Ordering::Relaxed);
-        None
-    }
-}
-
 /// A rule's log gates and metric handles, shared by its clones.
 #[derive(Debug)]
 pub(crate) struct RuleObserver {
@@ -228,22 +183,6 @@ impl fmt::Debug for RuleMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[tokio::test(start_paused = true)]
-    async fn a_gate_lets_one_event_through_per_period_and_counts_the_rest() {
-        let gate = LogGate::new();
-        assert_eq!(gate.admit(), Some(0));
-        for _ in 0..5 {
-            assert_eq!(gate.admit(), None);
-        }
-        tokio::time::advance(LOG_EVERY - Duration::from_millis(1)).await;
-        assert_eq!(gate.admit(), None);
-        tokio::time::advance(Duration::from_millis(1)).await;
-        assert_eq!(gate.admit(), Some(6), "the six held back are counted");
-        assert_eq!(gate.admit(), None);
-        tokio::time::advance(LOG_EVERY * 3).await;
-        assert_eq!(gate.admit(), Some(1));
-    }
 
     #[test]
     fn outcomes_are_labelled_as_documented() {

@@ -225,20 +225,21 @@ pub(super) enum Feedback {
 impl Feedback {
     /// Writes the change to the store, on a task of its own: a caller that goes away once the
     /// answer is in (a timeout around the request, a cancelled job) must not take the other
-    /// workers' back-off with it. Returns when the store has answered.
+    /// workers' back-off with it. Returns when the store has answered: whether it made the
+    /// change (a lowering makes none when the bucket held no more).
     pub(super) async fn apply<St: BucketStore + Clone>(
         self,
         store: &St,
         key: &BucketKey,
         limit: Limit,
-    ) {
+    ) -> bool {
         let (store, key) = (store.clone(), key.clone());
         let task = tokio::spawn(async move { self.write(&store, &key, limit).await });
         // The task only logs; an error here is a panic in the store, already reported by tokio.
-        let _ = task.await;
+        task.await.unwrap_or(false)
     }
 
-    async fn write<St: BucketStore>(self, store: &St, key: &BucketKey, limit: Limit) {
+    async fn write<St: BucketStore>(self, store: &St, key: &BucketKey, limit: Limit) -> bool {
         match self {
             Self::Drain { until, retry } => {
                 tracing::debug!(
@@ -249,24 +250,32 @@ impl Feedback {
                 );
                 if let Err(e) = store.drain_until(key, limit, until).await {
                     tracing::warn!(bucket = key.bucket(), error = %e, "could not drain after a 429");
+                    return false;
                 }
+                true
             }
             Self::Lower { tokens } => match store.lower_to(key, limit, tokens).await {
-                Ok(true) => tracing::debug!(
-                    bucket = key.bucket(),
-                    key = %key.fingerprint(),
-                    tokens,
-                    "the upstream has fewer tokens left: lowered the shared bucket"
-                ),
-                Ok(false) => {}
+                Ok(true) => {
+                    tracing::debug!(
+                        bucket = key.bucket(),
+                        key = %key.fingerprint(),
+                        tokens,
+                        "the upstream has fewer tokens left: lowered the shared bucket"
+                    );
+                    true
+                }
+                Ok(false) => false,
                 Err(e) => {
                     tracing::warn!(bucket = key.bucket(), error = %e, "could not lower to the upstream's count");
+                    false
                 }
             },
             Self::Refund { reservation } => {
                 if let Err(e) = store.refund(key, limit, reservation).await {
                     tracing::warn!(bucket = key.bucket(), error = %e, "could not give back what a call did not cost");
+                    return false;
                 }
+                true
             }
             Self::Charge { mut extra } => {
                 while extra > 0 {
@@ -281,11 +290,12 @@ impl Feedback {
                         Ok(_) => break,
                         Err(e) => {
                             tracing::warn!(bucket = key.bucket(), error = %e, "could not charge what a call owes");
-                            break;
+                            return false;
                         }
                     }
                     extra -= take;
                 }
+                true
             }
         }
     }

@@ -10,6 +10,7 @@ use http::Extensions;
 use reqwest::{Request, Response};
 use reqwest_middleware::Next;
 
+use super::observe::TicketEvent;
 use super::send::RouteTake;
 use super::{RateLimitMiddleware, Ticket, TicketError};
 use crate::cancel::RefundGuard;
@@ -117,6 +118,7 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
             return Err(reqwest_middleware::Error::middleware(e));
         }
         taken.disarm();
+        self.observe_ticket(&ticket, TicketEvent::Booked);
         Ok(Some(ticket))
     }
 
@@ -154,9 +156,11 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
             Claim::First => {}
             Claim::Spent => return Ok(false),
             Claim::Missing => {
+                self.observe_ticket(ticket, TicketEvent::Expired);
                 return Err(reqwest_middleware::Error::middleware(TicketError::Expired));
             }
         }
+        self.observe_ticket(ticket, TicketEvent::Cancelled);
         // Every bucket is asked, whatever the others answer: the ticket is spent, and a refund
         // left out now could never be made.
         let mut failed = None;
@@ -168,6 +172,13 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
         match failed {
             Some(e) => Err(reqwest_middleware::Error::middleware(e)),
             None => Ok(true),
+        }
+    }
+
+    /// Counts what happened to `ticket` on each of its routes.
+    fn observe_ticket(&self, ticket: &Ticket, event: TicketEvent) {
+        for (key, _) in ticket.buckets() {
+            self.config.observe.ticket(key.bucket(), event);
         }
     }
 
@@ -234,10 +245,12 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
                 early_ms = early.as_millis() as u64,
                 "local 429: a booked request sent before its time"
             );
+            self.observe_refusal(first, early);
             let limited = RateLimited::new(early, first.limit, first.route.bucket(), 0);
             return Err(reqwest_middleware::Error::middleware(limited));
         }
         if now > ticket.expires_at() {
+            self.observe_ticket(&ticket, TicketEvent::Expired);
             return refused(TicketError::Expired);
         }
         for (t, (_, reservation)) in takes.iter().zip(&booked) {
@@ -247,20 +260,34 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
                     key = %t.key.fingerprint(),
                     "local 429: an upstream back-off passed a booked slot"
                 );
+                self.observe_refusal(t, retry);
                 let limited = RateLimited::new(retry, t.limit, t.route.bucket(), 0);
                 return Err(reqwest_middleware::Error::middleware(limited));
             }
         }
-        match self.claim(&ticket).await? {
+        let claim = match self.claim(&ticket).await {
+            Ok(claim) => claim,
+            Err(e) => {
+                self.observe_failure(takes, &e);
+                return Err(e);
+            }
+        };
+        match claim {
             Claim::First => {}
             Claim::Spent => return refused(TicketError::Spent),
             // The store lost the booking (or kept it a second past the grace, on a clock ahead
             // of this one): whether it went is unknown, and it must not go twice.
-            Claim::Missing => return refused(TicketError::Expired),
+            Claim::Missing => {
+                self.observe_ticket(&ticket, TicketEvent::Expired);
+                return refused(TicketError::Expired);
+            }
         }
+        self.observe_ticket(&ticket, TicketEvent::Sent);
         let taken: Vec<Reservation> = booked.iter().map(|(_, r)| **r).collect();
         let sent_at = tokio::time::Instant::now();
-        let res = next.run(req, extensions).await?;
+        let res = next.run(req, extensions).await;
+        self.observe_sent(takes, Duration::ZERO, &res);
+        let res = res?;
         // When the turn was booked, and so whether the bucket was spent, is not known here: the
         // answer proves no margin, and lowers nothing.
         self.after_answer(takes, &taken, &res, 0, false, sent_at.elapsed())

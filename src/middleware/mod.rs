@@ -17,6 +17,7 @@ mod cost;
 mod follow;
 #[cfg(test)]
 mod fuzz;
+mod observe;
 mod path;
 #[cfg(feature = "retry")]
 mod retry;
@@ -27,6 +28,7 @@ mod ticket;
 
 pub use self::account::Account;
 pub use self::cost::Cost;
+pub use self::observe::{DecisionEvent, RequestOutcome};
 #[cfg(feature = "retry")]
 #[cfg_attr(docsrs, doc(cfg(feature = "retry")))]
 pub use self::retry::{Local429, RetryStrategy};
@@ -106,6 +108,8 @@ struct Config {
     max_backoff: Duration,
     follow: follow::Follow,
     cost_header: Option<HeaderName>,
+    /// The `on_decision` hook, and each route's log gate and metric handles.
+    observe: observe::Observe,
 }
 
 impl<St: BucketStore + Clone> RateLimitMiddleware<St, SystemClock> {
@@ -126,6 +130,7 @@ impl<St: BucketStore + Clone> RateLimitMiddleware<St, SystemClock> {
                 max_backoff: DEFAULT_MAX_BACKOFF,
                 follow: follow::Follow::default(),
                 cost_header: None,
+                observe: observe::Observe::default(),
             }),
         }
     }
@@ -250,6 +255,37 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
         if !names.contains(&name) {
             names.insert(0, name);
         }
+        self
+    }
+
+    /// Calls `hook` with each route's decision on each request (see [`DecisionEvent`] for which
+    /// are reported), on the request's task: for OpenTelemetry, audit logs or metrics of your
+    /// own. Keep it short; it runs on every request a route applies to.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::sync::atomic::{AtomicU64, Ordering};
+    /// use burstgate::{Limit, MemoryStore};
+    /// use burstgate::middleware::{RateLimitMiddleware, RequestOutcome, Route};
+    ///
+    /// let refused = Arc::new(AtomicU64::new(0));
+    /// let counter = Arc::clone(&refused);
+    /// let middleware = RateLimitMiddleware::new(MemoryStore::new())
+    ///     .route(Route::new("orders", Limit::per_second(10)?, "/orders")?)
+    ///     .on_decision(move |event| {
+    ///         if event.outcome() == RequestOutcome::Upstream429 {
+    ///             counter.fetch_add(1, Ordering::Relaxed);
+    ///         }
+    ///     });
+    /// # let _ = middleware;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use]
+    pub fn on_decision(
+        mut self,
+        hook: impl Fn(&DecisionEvent<'_>) + Send + Sync + 'static,
+    ) -> Self {
+        Arc::make_mut(&mut self.config).observe.hook = Some(Arc::new(hook));
         self
     }
 

@@ -11,6 +11,8 @@ use http::Extensions;
 use reqwest::{Request, Response};
 use reqwest_middleware::Next;
 
+use super::backoff::Feedback;
+use super::observe::{DecisionEvent, RequestOutcome};
 use super::{Cost, RateLimitMiddleware, Route, account, follow};
 use crate::cancel::{RefundGuard, acquire_all_detached, acquire_detached};
 use crate::clock::Clock;
@@ -206,10 +208,7 @@ where
     /// The local 429 of a request on several buckets that was refused: the route whose time
     /// is furthest off (the first of equal ones) refused it.
     pub(super) fn refusal(takes: &[RouteTake<'_>], decisions: &[Decision]) -> RateLimited {
-        let refusing = (0..decisions.len())
-            .rev()
-            .max_by_key(|&k| decisions[k].retry_after())
-            .unwrap_or(0);
+        let refusing = Self::refusing(decisions);
         let (take, decision) = (&takes[refusing], &decisions[refusing]);
         let retry = decision.retry_after().unwrap_or(Duration::ZERO);
         tracing::debug!(
@@ -219,6 +218,69 @@ where
             "local 429: the wait would pass the ceiling"
         );
         RateLimited::new(retry, take.limit, take.route.bucket(), decision.remaining())
+    }
+
+    /// Which of the decisions on a refused request refused it: the one whose time is furthest
+    /// off (the first of equal ones).
+    pub(super) fn refusing(decisions: &[Decision]) -> usize {
+        (0..decisions.len())
+            .rev()
+            .max_by_key(|&k| decisions[k].retry_after())
+            .unwrap_or(0)
+    }
+
+    /// Reports a local 429 on the route of `take`, which refused the request.
+    pub(super) fn observe_refusal(&self, take: &RouteTake<'_>, retry: Duration) {
+        self.config.observe.decided(&DecisionEvent {
+            route: take.route.bucket(),
+            key: &take.key,
+            outcome: RequestOutcome::Local429,
+            wait: Duration::ZERO,
+            status: None,
+            retry_after: Some(retry),
+            error: None,
+        });
+    }
+
+    /// Reports a store's failure to decide on each of the request's routes.
+    pub(super) fn observe_failure(&self, takes: &[RouteTake<'_>], e: &reqwest_middleware::Error) {
+        let error = match e {
+            reqwest_middleware::Error::Middleware(e) => e.downcast_ref::<StoreError>(),
+            reqwest_middleware::Error::Reqwest(_) => None,
+        };
+        for t in takes {
+            self.config.observe.decided(&DecisionEvent {
+                route: t.route.bucket(),
+                key: &t.key,
+                outcome: RequestOutcome::StoreError,
+                wait: Duration::ZERO,
+                status: None,
+                retry_after: None,
+                error,
+            });
+        }
+    }
+
+    /// Reports a request that went, after `wait`, on each of its routes.
+    pub(super) fn observe_sent(
+        &self,
+        takes: &[RouteTake<'_>],
+        wait: Duration,
+        answer: &reqwest_middleware::Result<Response>,
+    ) {
+        let status = answer.as_ref().ok().map(Response::status);
+        let outcome = RequestOutcome::of(status);
+        for t in takes {
+            self.config.observe.decided(&DecisionEvent {
+                route: t.route.bucket(),
+                key: &t.key,
+                outcome,
+                wait,
+                status,
+                retry_after: None,
+                error: None,
+            });
+        }
     }
 
     /// Whether an upstream back-off passed the slot of any of the request's reservations.
@@ -255,9 +317,16 @@ where
         let mut expected = 0;
         let mut queued = false;
         let taken = loop {
-            let decisions = self.acquire_all(&takes, ceiling).await?;
+            let decisions = match self.acquire_all(&takes, ceiling).await {
+                Ok(decisions) => decisions,
+                Err(e) => {
+                    self.observe_failure(&takes, &e);
+                    return Err(e);
+                }
+            };
             if !decisions.iter().all(Decision::is_admitted) {
                 let limited = Self::refusal(&takes, &decisions);
+                self.observe_refusal(&takes[Self::refusing(&decisions)], limited.retry_after());
                 return Err(reqwest_middleware::Error::middleware(limited));
             }
             let reservations: Vec<Reservation> =
@@ -290,8 +359,10 @@ where
             );
         };
         let sent_at = tokio::time::Instant::now();
-        let res = next.run(req, extensions).await?;
+        let res = next.run(req, extensions).await;
         let rtt = sent_at.elapsed();
+        self.observe_sent(&takes, sent_at.duration_since(started), &res);
+        let res = res?;
         self.after_answer(&takes, &taken, &res, expected, queued, rtt)
             .await;
         Ok(res)
@@ -321,9 +392,30 @@ where
             if let Some(settle) = settle {
                 settle.apply(&self.store, &t.key, t.limit).await;
             }
-            if let Some(feedback) = self.feedback(&t.key, t.limit, res, &sent, n == 0) {
-                feedback.apply(&self.store, &t.key, t.limit).await;
+            let Some(feedback) = self.feedback(&t.key, t.limit, res, &sent, n == 0) else {
+                continue;
+            };
+            let observe = &self.config.observe;
+            match feedback {
+                // A drain without a 429 or 503 is the upstream's report of nothing left.
+                Feedback::Drain { retry, .. } if upstream_refused(res.status()) => {
+                    observe.backed_off(t.route.bucket(), retry);
+                }
+                Feedback::Drain { .. } => observe.lowered(t.route.bucket()),
+                _ => {}
+            }
+            let lowering = matches!(feedback, Feedback::Lower { .. });
+            if feedback.apply(&self.store, &t.key, t.limit).await && lowering {
+                observe.lowered(t.route.bucket());
             }
         }
     }
+}
+
+/// Whether `status` is the upstream refusing the request: a 429, or a 503.
+fn upstream_refused(status: http::StatusCode) -> bool {
+    matches!(
+        status,
+        http::StatusCode::TOO_MANY_REQUESTS | http::StatusCode::SERVICE_UNAVAILABLE
+    )
 }

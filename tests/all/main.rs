@@ -29,6 +29,7 @@ mod layer_keys;
 mod layer_ops;
 mod middleware;
 mod middleware_feedback;
+mod middleware_metrics;
 mod middleware_routes;
 mod middleware_tickets;
 mod outage;

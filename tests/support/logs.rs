@@ -43,13 +43,13 @@ struct Logged {
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     message: String,
     /// Every field, message included, as `name=value ` with values in `Debug` form.
-    #[cfg_attr(not(feature = "tower"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "tower", feature = "reqwest")), allow(dead_code))]
     fields: String,
 }
 
 impl Captured {
     /// The fields of each `WARN` event.
-    #[cfg(feature = "tower")]
+    #[cfg(any(feature = "tower", feature = "reqwest"))]
     pub(crate) fn warnings(&self) -> Vec<String> {
         self.events()
             .iter()

@@ -10,7 +10,7 @@ pub(crate) use burstgate_testkit::{failing_connection, redis_cluster, redis_serv
 
 #[cfg(feature = "tower")]
 pub(crate) mod layer;
-#[cfg(any(feature = "redis", feature = "tower"))]
+#[cfg(any(feature = "redis", feature = "tower", feature = "reqwest"))]
 pub(crate) mod logs;
 #[cfg(any(feature = "tower", feature = "reqwest"))]
 mod stores;
