@@ -11,9 +11,8 @@ use http::Extensions;
 use reqwest::{Request, Response};
 use reqwest_middleware::Next;
 
-use super::{Cost, RateLimitMiddleware, Route, account, follow};
+use super::{Cost, RateLimitMiddleware, Route, Time, account, follow};
 use crate::cancel::{RefundGuard, acquire_all_detached, acquire_detached};
-use crate::clock::Clock;
 use crate::error::BackendError;
 use crate::{
     BucketKey, BucketStore, Decision, Limit, MAX_TAKES, RateLimited, Reservation, StoreError,
@@ -31,7 +30,7 @@ pub(super) struct RouteTake<'r> {
 impl<St, K> RateLimitMiddleware<St, K>
 where
     St: BucketStore + Clone,
-    K: Clock + Clone,
+    K: Time<St>,
 {
     /// Every route that matches the request, in the order they were added, but for a route of a
     /// bucket an earlier match draws from already (the first route of a bucket that matches

@@ -12,9 +12,7 @@
 use std::time::{Duration, Instant};
 
 use burstgate::middleware::{Account, RateLimitMiddleware, Route};
-use burstgate::{
-    BucketKey, BucketState, BucketStore, Clock, Limit, MemoryStore, RateLimited, TokioClock,
-};
+use burstgate::{BucketKey, BucketState, BucketStore, Limit, MemoryStore, RateLimited, TokioClock};
 use reqwest::StatusCode;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use wiremock::matchers::{method, path};
@@ -42,11 +40,7 @@ fn on_tokio_time() -> (
     )
 }
 
-fn client<St, K>(middleware: RateLimitMiddleware<St, K>) -> ClientWithMiddleware
-where
-    St: BucketStore + Clone,
-    K: Clock + Clone,
-{
+fn client(middleware: impl reqwest_middleware::Middleware) -> ClientWithMiddleware {
     ClientBuilder::new(reqwest::Client::new())
         .with(middleware)
         .build()

@@ -476,3 +476,50 @@ async fn a_ticket_of_two_buckets_is_refused_where_one_route_matches() {
             .is_empty()
     );
 }
+
+/// A middleware given no clock of its own counts its store's time: a ticket booked on a store
+/// whose clock is far from this host's goes at its turn, and an upstream 429 drains the bucket
+/// for the time it asked, from the store's now. On the host's clock instead, the ticket would be
+/// judged decades past its grace, and the drain would end decades after the store's now.
+#[tokio::test(start_paused = true)]
+async fn a_middleware_without_a_clock_counts_its_stores_time() {
+    let upstream = Upstream::by_turn(|turn| match turn {
+        0 => Answer::ok(),
+        _ => Answer::new(StatusCode::TOO_MANY_REQUESTS).header("retry-after", "10"),
+    });
+    let start = tokio::time::Instant::now();
+    let store_now_ms = 1_000_000;
+    let store = MemoryStore::new().with_clock(ManualClock::new(store_now_ms));
+    let limit = Limit::per_second(1).expect("a limit");
+    let limiter = RateLimitMiddleware::new(store.clone())
+        .route(Route::new("api", limit, "/orders").expect("a route"))
+        .key_secret(ticket_secret());
+    let client = upstream.client(limiter.clone());
+    let ticket = limiter
+        .reserve(&orders_request(), &account(SELLER))
+        .await
+        .expect("booked")
+        .expect("a route");
+
+    send_booked(&client, SELLER, Some(ticket))
+        .await
+        .expect("sent at its turn on the store's time");
+    assert_eq!(upstream.sent_ms_since(start), [0]);
+
+    store.clock().advance(Duration::from_secs(1));
+    let status = send_booked(&client, SELLER, None).await.expect("sent");
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    let key = BucketKey::new("api", SELLER).expect("a key");
+    let halted_until = store
+        .peek(&key, limit)
+        .await
+        .expect("a state")
+        .halted_until()
+        .expect("drained by the 429");
+    let store_now = std::time::UNIX_EPOCH + Duration::from_millis(store_now_ms + 1_000);
+    assert_eq!(
+        halted_until.duration_since(store_now).expect("after now"),
+        Duration::from_secs(10),
+        "the first token comes when the upstream asked, counted from the store's now"
+    );
+}
