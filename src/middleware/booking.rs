@@ -145,7 +145,7 @@ impl<St: BucketStore + Clone, K: Time<St>> RateLimitMiddleware<St, K> {
                     .iter()
                     .chain(config.default.as_ref())
                     .find(|r| r.bucket() == key.bucket())
-                    .map(|r| r.limit)
+                    .map(|r| r.bucket_limit)
             })
             .collect::<Option<Vec<Limit>>>()
             .ok_or_else(|| reqwest_middleware::Error::middleware(TicketError::NoRoute))?;

@@ -87,7 +87,7 @@ where
             .map(|&route| RouteTake {
                 route,
                 key: self.key(route, req, extensions),
-                limit: route.limit,
+                limit: route.bucket_limit,
                 cost: cost.unwrap_or(route.cost),
             })
             .collect()

@@ -37,3 +37,4 @@ mod redis_security;
 mod redis_store;
 mod secrets;
 mod server_clock;
+mod strict_upstream;

@@ -21,10 +21,10 @@ use wiremock::{Mock, MockServer, Respond, ResponseTemplate};
 #[cfg(feature = "redis")]
 use crate::support::redis_server;
 use crate::support::upstream::{BASE, Upstream};
-use crate::support::{SlowReplies, key, limit};
+use crate::support::{SlowReplies, exact_route, key, limit};
 
 fn route(bucket: &str, limit: Limit, pattern: &str) -> Route {
-    Route::new(bucket, limit, pattern).expect("a valid route")
+    exact_route(bucket, limit, pattern).expect("a valid route")
 }
 
 /// A middleware on a `MemoryStore`, both on tokio's clock, for the tests on paused time.
