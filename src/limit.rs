@@ -175,7 +175,8 @@ impl Limit {
     /// arrive than the later ones, a timer fired late and the next one on time) and earns a
     /// real 429. A margin of a few milliseconds per token absorbs that jitter, at a cost of
     /// `per_token` over the token period of the budget: against "1 per minute", 10 ms is
-    /// 0.017%. A margin of zero is the limit itself.
+    /// 0.017%. A margin of zero is the limit itself. A middleware `Route` runs its limit under
+    /// a default margin, which its own `margin` replaces.
     ///
     /// ```
     /// use std::time::Duration;

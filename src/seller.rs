@@ -39,9 +39,10 @@
 //! it: every number and every path here can be overridden. A [`Group`] is a [`Route`] template
 //! named after the group, so a group is adjusted through `Route`'s own API ([`Route::new`] for
 //! another path, [`Route::method`], [`Route::host`]), or with [`Group::limit`] for its limit
-//! alone; a published row converts with [`limit_from_table`]. [`Group::margin`] runs a group
-//! slightly under the published rate, which a client needs against an API that enforces its own
-//! token bucket with no tolerance (see there why). A group the preset does not name is one
+//! alone; a published row converts with [`limit_from_table`]. A group runs slightly under the
+//! published rate, as every [`Route`] does by default, which a client needs against an API that
+//! enforces its own token bucket with no tolerance ([`Route::margin`] says why); [`Group::margin`]
+//! sets another margin, or none. A group the preset does not name is one
 //! [`Group::new`] away.
 //!
 //! # Keyed by token type and account
@@ -64,8 +65,8 @@
 //! so every worker backs off, not only the one that was told. Requests already admitted after a
 //! wait keep their turn; new ones queue behind the back-off, which lasts the longer of the time
 //! the API gave (whole seconds, so at least one) and one token period (a minute for this table):
-//! a 429 is expensive, a reason to run with a small [margin](Group::margin) rather than
-//! exactly at the published rate.
+//! a 429 is expensive, the reason a group runs with a small [margin](Group::margin) rather
+//! than exactly at the published rate.
 
 use std::error::Error as StdError;
 use std::fmt;
@@ -162,7 +163,8 @@ impl Group {
         Self { template }
     }
 
-    /// The same group under another limit, on the same path, method and host.
+    /// The same group under another limit, on the same path, method and host, with the
+    /// default margin ([`Route::new`]); a [`margin`](Self::margin) set before is dropped.
     #[must_use]
     pub fn limit(self, limit: Limit) -> Self {
         Self {
@@ -170,17 +172,18 @@ impl Group {
         }
     }
 
-    /// The same group with every token's period lengthened by `per_token`
-    /// ([`Limit::with_margin`], which says why): "1 per minute" with a margin of 10 ms is "1 per
-    /// 60.01 s"; the burst is kept. For a group without burst the API's bucket loses any
+    /// The same group with every token's period lengthened by `per_token` instead of the default
+    /// margin ([`Route::margin`], which says why): "1 per minute" with a margin of 20 ms is "1
+    /// per 60.02 s"; the burst is kept, and `Duration::ZERO` runs at the published rate. For a group without burst the API's bucket loses any
     /// lateness to its cap of one token, so its first request's delay is never made up.
     ///
     /// # Errors
     ///
     /// As [`Limit::with_margin`].
     pub fn margin(self, per_token: Duration) -> Result<Self, InvalidLimit> {
-        let limit = self.template.limit().with_margin(per_token)?;
-        Ok(self.limit(limit))
+        Ok(Self {
+            template: self.template.margin(per_token)?,
+        })
     }
 
     /// The group's name, the second half of its bucket names.

@@ -8,14 +8,14 @@ use std::time::{Duration, SystemTime};
 use http::StatusCode;
 use reqwest::Response;
 
-use super::RateLimitMiddleware;
 use super::cost::cost_count;
 use super::follow::Sent;
 use super::retry_after::upstream_retry;
-use crate::clock::{self, Clock};
+use super::{RateLimitMiddleware, Time};
+use crate::clock;
 use crate::{BucketKey, BucketStore, Limit, Reservation};
 
-impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
+impl<St: BucketStore + Clone, K: Time<St>> RateLimitMiddleware<St, K> {
     /// Whether a drain made while `reservation` waited ends past its slot (see
     /// [`BucketState::halts`](crate::BucketState::halts)): one more store call, made only by requests that
     /// waited. A store that cannot answer lets the request go, as it would have before the
@@ -56,7 +56,7 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
         let until = quota.halted_until()?;
         Some(
             until
-                .duration_since(self.clock.now())
+                .duration_since(self.now())
                 .unwrap_or(Duration::ZERO)
                 .max(Duration::from_millis(1)),
         )
@@ -76,12 +76,10 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
     ) -> Option<Feedback> {
         let status = res.status();
         let told = match status {
-            StatusCode::TOO_MANY_REQUESTS => Some(upstream_retry(res.headers(), self.clock.now())),
+            StatusCode::TOO_MANY_REQUESTS => Some(upstream_retry(res.headers(), self.now())),
             // A 503 is a back-off only when it says how long: without a time it is the
             // upstream failing, which a retry policy handles.
-            StatusCode::SERVICE_UNAVAILABLE => {
-                upstream_retry(res.headers(), self.clock.now()).map(Some)
-            }
+            StatusCode::SERVICE_UNAVAILABLE => upstream_retry(res.headers(), self.now()).map(Some),
             _ => None,
         };
         if let Some(told) = told {
@@ -103,7 +101,7 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
             // that time, not a period later.
             // Past what `SystemTime` holds (a `max_backoff` of `Duration::MAX` and a huge
             // header), the latest time the arithmetic knows: the store clamps to it anyway.
-            let until = clock::add_or_latest(self.clock.now(), retry);
+            let until = clock::add_or_latest(self.now(), retry);
             let until = until.checked_sub(token_period(limit)).unwrap_or(until);
             return Some(Feedback::Drain { until, retry });
         }
@@ -125,7 +123,7 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
             let margin = self.seen.margin(key, limit, left, sent);
             if left == 0 && sent.queued && margin {
                 return Some(Feedback::Drain {
-                    until: self.clock.now(),
+                    until: self.now(),
                     retry: Duration::ZERO,
                 });
             }

@@ -12,12 +12,11 @@ use reqwest_middleware::Next;
 
 use super::observe::TicketEvent;
 use super::send::RouteTake;
-use super::{RateLimitMiddleware, Ticket, TicketError};
+use super::{RateLimitMiddleware, Ticket, TicketError, Time};
 use crate::cancel::RefundGuard;
-use crate::clock::Clock;
 use crate::{BucketKey, BucketStore, Claim, Decision, Limit, RateLimited, Reservation, StoreError};
 
-impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
+impl<St: BucketStore + Clone, K: Time<St>> RateLimitMiddleware<St, K> {
     /// Books the turn of a request that a job queue sends later, instead of waiting for it here
     /// (see [`Ticket`]): the request is matched, keyed and priced as
     /// [`handle`](reqwest_middleware::Middleware::handle) would, its tokens are reserved up to the
@@ -148,7 +147,7 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
                     .iter()
                     .chain(config.default.as_ref())
                     .find(|r| r.bucket() == key.bucket())
-                    .map(|r| r.limit)
+                    .map(|r| r.bucket_limit)
             })
             .collect::<Option<Vec<Limit>>>()
             .ok_or_else(|| reqwest_middleware::Error::middleware(TicketError::NoRoute))?;
@@ -236,7 +235,7 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
             return refused(TicketError::TooCostly);
         }
         let first = &takes[0];
-        let now = self.clock.now();
+        let now = self.now();
         let early = ticket.ready_in(now);
         if !early.is_zero() {
             tracing::debug!(

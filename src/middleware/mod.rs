@@ -38,13 +38,13 @@ pub use self::ticket::{Ticket, TicketError};
 use std::fmt;
 use std::num::NonZeroU32;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use http::{Extensions, HeaderName};
 use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
 
-use crate::clock::{Clock, SystemClock};
+use crate::clock::Clock;
 use crate::{BucketStore, KeySecret, RateLimited};
 
 /// The local 429 in an error the client returned: the [`RateLimited`] this middleware returns
@@ -86,7 +86,7 @@ const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(600);
 ///
 /// How to set it up, what it does with each request, and how to get the local 429 back: the
 /// [module docs](crate::middleware).
-pub struct RateLimitMiddleware<St, K = SystemClock> {
+pub struct RateLimitMiddleware<St, K = StoreTime> {
     store: St,
     clock: K,
     config: Arc<Config>,
@@ -112,12 +112,15 @@ struct Config {
     observe: observe::Observe,
 }
 
-impl<St: BucketStore + Clone> RateLimitMiddleware<St, SystemClock> {
-    /// A middleware deciding on `store`, with no routes yet, on the system clock.
+impl<St: BucketStore + Clone> RateLimitMiddleware<St, StoreTime> {
+    /// A middleware deciding on `store`, with no routes yet, counting its store's time
+    /// ([`BucketStore::now`]): the back-offs it writes and the tickets it judges are on the same
+    /// time as the buckets, which on a `RedisStore` is by default Redis's, not this
+    /// host's.
     pub fn new(store: St) -> Self {
         Self {
             store,
-            clock: SystemClock,
+            clock: StoreTime,
             seen: Arc::default(),
             config: Arc::new(Config {
                 routes: Vec::new(),
@@ -136,7 +139,7 @@ impl<St: BucketStore + Clone> RateLimitMiddleware<St, SystemClock> {
     }
 }
 
-impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
+impl<St: BucketStore + Clone, K: Time<St>> RateLimitMiddleware<St, K> {
     /// Adds a route. Every route that matches a request applies, all taken at once, but for two
     /// of one bucket: the first of those that matches applies (so a `/batch` route that costs
     /// 10, added before a `/**` route of the same bucket, makes a batch cost 10 there). The
@@ -289,7 +292,11 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
         self
     }
 
-    /// Reads the time for upstream back-offs from `clock`; use the store's clock.
+    /// Reads the time for upstream back-offs and tickets from `clock` instead of the store's
+    /// ([`BucketStore::now`], the default). A clock other than the one the store counts makes
+    /// back-offs end early or late and tickets expire early or late by the difference: use it
+    /// for a store whose own [`now`](BucketStore::now) is not its time (one that keeps the
+    /// trait's default, the system clock, while it decides on another).
     #[must_use]
     pub fn with_clock<K2: Clock + Clone>(self, clock: K2) -> RateLimitMiddleware<St, K2> {
         RateLimitMiddleware {
@@ -301,11 +308,50 @@ impl<St: BucketStore + Clone, K: Clock + Clone> RateLimitMiddleware<St, K> {
     }
 }
 
+/// The middleware's time by default: its store's, [`BucketStore::now`]. Another clock replaces
+/// it with [`RateLimitMiddleware::with_clock`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StoreTime;
+
+mod time {
+    use std::time::SystemTime;
+
+    use super::StoreTime;
+    use crate::BucketStore;
+    use crate::clock::Clock;
+
+    /// Where a middleware reads the time: its store's ([`StoreTime`]) or a clock of its own.
+    /// Sealed: the two are all there is.
+    pub trait Time<St>: Clone + Send + Sync + 'static {
+        fn now(&self, store: &St) -> SystemTime;
+    }
+
+    impl<St: BucketStore> Time<St> for StoreTime {
+        fn now(&self, store: &St) -> SystemTime {
+            store.now()
+        }
+    }
+
+    impl<St, K: Clock + Clone> Time<St> for K {
+        fn now(&self, _: &St) -> SystemTime {
+            Clock::now(self)
+        }
+    }
+}
+use time::Time;
+
+impl<St: BucketStore + Clone, K: Time<St>> RateLimitMiddleware<St, K> {
+    /// The time back-offs and tickets are judged on.
+    fn now(&self) -> SystemTime {
+        self.clock.now(&self.store)
+    }
+}
+
 #[async_trait::async_trait]
 impl<St, K> Middleware for RateLimitMiddleware<St, K>
 where
     St: BucketStore + Clone,
-    K: Clock + Clone,
+    K: Time<St>,
 {
     async fn handle(
         &self,

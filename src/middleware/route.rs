@@ -55,12 +55,42 @@ use crate::{BucketName, InvalidName, Limit};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Route {
     pub(super) bucket: BucketName,
-    pub(super) limit: Limit,
+    /// The limit as given, before any margin.
+    limit: Limit,
+    /// What the bucket runs at: the limit with the route's margin.
+    pub(super) bucket_limit: Limit,
     /// Tokens a request costs unless it carries a [`Cost`](super::Cost).
     pub(super) cost: u32,
     method: Option<Method>,
     host: Option<String>,
     path: Vec<Segment>,
+}
+
+/// `limit` with the default margin per token ([`Route::margin`] says why): 1% of the token
+/// period, at least 1 ms, at most 10 ms, at most a tenth of the period; the interval it adds is
+/// rounded up to whole milliseconds, as a limit counts them.
+fn with_default_margin(limit: Limit) -> Limit {
+    const FLOOR_US: u128 = 1_000;
+    const CEILING_US: u128 = 10_000;
+    let tokens = u128::from(limit.tokens());
+    let period_us = limit.interval().as_micros() / tokens;
+    let per_token_us = (period_us / 100)
+        .clamp(FLOOR_US, CEILING_US)
+        .min(period_us / 10);
+    let extra_ms = (per_token_us * tokens).div_ceil(1_000);
+    let lengthened = u64::try_from(extra_ms)
+        .ok()
+        .and_then(|ms| {
+            limit
+                .interval()
+                .checked_add(std::time::Duration::from_millis(ms))
+        })
+        .and_then(|interval| Limit::new(limit.tokens(), interval).ok())
+        .and_then(|l| l.with_burst(limit.burst()).ok());
+    // Only a limit whose refill already nears the longest span a limit holds (2^42 ms, about
+    // 139 years) has no room for the margin; at such lengths a margin of milliseconds means
+    // nothing, and the limit runs as given.
+    lengthened.unwrap_or(limit)
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,7 +102,17 @@ enum Segment {
 
 impl Route {
     /// Requests whose path matches `path` draw from bucket `bucket` (1 to 64 ASCII letters,
-    /// digits, `_`, `.` or `-`), under `limit`. The path must start with `/`.
+    /// digits, `_`, `.` or `-`), under `limit`, an API's published limit. The path must start
+    /// with `/`.
+    ///
+    /// The bucket runs a little under `limit`'s rate, so that a client given the published
+    /// limit and nothing else earns no 429 from an upstream that gives no tolerance: every
+    /// token's period is lengthened by the default margin, 1% of the token period, at least
+    /// 1 ms and at most 10 ms, and never more than a tenth of the period (see
+    /// [`margin`](Self::margin) for why, and for another margin or none). "1 per second" runs
+    /// at one per 1.01 s, "5 per second" at one per 202 ms, "1 per minute" at one per 60.01 s;
+    /// the burst is the limit's. [`limit`](Self::limit) is `limit` as given, and
+    /// [`bucket_limit`](Self::bucket_limit) what the bucket runs at.
     pub fn new(bucket: &str, limit: Limit, path: &str) -> Result<Self, InvalidRoute> {
         let bucket = BucketName::checked(bucket).map_err(InvalidRoute::BucketName)?;
         if !path.starts_with('/') {
@@ -93,6 +133,7 @@ impl Route {
         Ok(Self {
             bucket,
             limit,
+            bucket_limit: with_default_margin(limit),
             cost: 1,
             method: None,
             host: None,
@@ -100,15 +141,36 @@ impl Route {
         })
     }
 
-    /// The same route run slightly under its limit's rate: every token's period lengthened by
-    /// `per_token` ([`Limit::with_margin`]), for an API whose own bucket gives no tolerance.
+    /// The same route run under its published limit's rate by `per_token` instead of the
+    /// default margin: every token's period lengthened by `per_token` ([`Limit::with_margin`]).
+    /// `Duration::ZERO` runs exactly at the published rate.
+    ///
+    /// Why a margin at all: an API's own bucket usually starts at the first request it
+    /// *receives* and gives no tolerance, while the client's bucket starts when its first
+    /// request is taken. A request that takes longer to arrive than the first one did, a timer
+    /// that fires a millisecond late and the next one on time, the store's whole milliseconds,
+    /// and hosts that count the shared time a little apart all make a client at exactly the
+    /// published rate now and then early, and each early request is a real 429. Those errors
+    /// are milliseconds whatever the rate, so the default margin is a fraction of the token
+    /// period (1%, which costs 1% of the budget) bounded by milliseconds: at least 1 ms (the
+    /// store's resolution), at most 10 ms (a few times the jitter of a local network and its
+    /// timers, which a slow limit need not pay more for), and never more than a tenth of the
+    /// period, so that a limit faster than 100 a second keeps 90% of its rate. An upstream
+    /// farther away, or one whose first request costs a handshake the later ones do not, may
+    /// want a larger margin; one that tolerates early requests, none.
+    ///
+    /// Called more than once, the last margin applies; it always applies to the published
+    /// limit, never on top of another margin.
     ///
     /// # Errors
     ///
     /// As [`Limit::with_margin`].
     pub fn margin(self, per_token: std::time::Duration) -> Result<Self, crate::InvalidLimit> {
-        let limit = self.limit.with_margin(per_token)?;
-        Ok(Self { limit, ..self })
+        let bucket_limit = self.limit.with_margin(per_token)?;
+        Ok(Self {
+            bucket_limit,
+            ..self
+        })
     }
 
     /// What each request of the route costs, in tokens, unless it carries a
@@ -157,7 +219,11 @@ impl Route {
     /// caller need not restate the pattern.
     #[cfg(feature = "seller")]
     pub(crate) fn relimited(self, limit: Limit) -> Self {
-        Self { limit, ..self }
+        Self {
+            limit,
+            bucket_limit: with_default_margin(limit),
+            ..self
+        }
     }
 
     /// The bucket name.
@@ -165,9 +231,15 @@ impl Route {
         self.bucket.as_str()
     }
 
-    /// The limit.
+    /// The limit as given: the API's published limit, before any margin.
     pub fn limit(&self) -> Limit {
         self.limit
+    }
+
+    /// The limit the route's bucket runs at: [`limit`](Self::limit) with the route's
+    /// [`margin`](Self::margin), by default the one [`Route::new`] describes.
+    pub fn bucket_limit(&self) -> Limit {
+        self.bucket_limit
     }
 
     /// Whether a request with this method and URL draws from this route: the test the
@@ -231,11 +303,54 @@ impl std::error::Error for InvalidRoute {}
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use http::Method;
     use proptest::prelude::*;
 
     use super::*;
     use crate::middleware::fuzz::fuzz_config;
+
+    /// The default margin: 1% of the token period, between 1 ms and 10 ms, at most a tenth of
+    /// the period; `margin` replaces it, and a margin of zero runs at the published rate.
+    #[test]
+    fn a_route_runs_under_its_published_limit_by_the_default_margin() {
+        let runs = |published: Limit| {
+            let route = Route::new("r", published, "/").expect("a route");
+            assert_eq!(route.limit(), published);
+            let run = route.bucket_limit();
+            assert_eq!(
+                (run.tokens(), run.burst()),
+                (published.tokens(), published.burst())
+            );
+            run.interval().as_millis()
+        };
+        let limit = |tokens, ms| Limit::new(tokens, Duration::from_millis(ms)).expect("a limit");
+        // 1% of the period.
+        assert_eq!(runs(limit(5, 1_000)), 1_010);
+        assert_eq!(
+            runs(limit(1, 1_000).with_burst(10).expect("a burst")),
+            1_010
+        );
+        assert_eq!(runs(limit(1, 500)), 505);
+        // At most 10 ms, at least 1 ms, at most a tenth of the period.
+        assert_eq!(runs(limit(1, 60_000)), 60_010);
+        assert_eq!(runs(limit(50, 1_000)), 1_050);
+        assert_eq!(runs(limit(1_000, 1_000)), 1_100);
+        // A fraction of a millisecond per token, rounded up over the interval.
+        assert_eq!(runs(limit(3, 1_000)), 1_010);
+        // No room for a margin: the limit as given.
+        let longest = limit(1, 1 << 42);
+        assert_eq!(runs(longest), 1 << 42);
+
+        let route = Route::new("r", limit(5, 1_000), "/").expect("a route");
+        let exact = route.clone().margin(Duration::ZERO).expect("no margin");
+        assert_eq!(exact.bucket_limit(), exact.limit());
+        let wide = route.margin(Duration::from_millis(20)).expect("a margin");
+        assert_eq!(wide.bucket_limit(), limit(5, 1_100));
+        let replaced = wide.margin(Duration::from_millis(20)).expect("a margin");
+        assert_eq!(replaced.bucket_limit(), limit(5, 1_100));
+    }
 
     #[test]
     fn routes_match_method_host_and_path_patterns() {

@@ -13,9 +13,8 @@ use reqwest_middleware::Next;
 
 use super::backoff::Feedback;
 use super::observe::{DecisionEvent, RequestOutcome};
-use super::{Cost, RateLimitMiddleware, Route, account, follow};
+use super::{Cost, RateLimitMiddleware, Route, Time, account, follow};
 use crate::cancel::{RefundGuard, acquire_all_detached, acquire_detached};
-use crate::clock::Clock;
 use crate::error::BackendError;
 use crate::{
     BucketKey, BucketStore, Decision, Limit, MAX_TAKES, RateLimited, Reservation, StoreError,
@@ -33,7 +32,7 @@ pub(super) struct RouteTake<'r> {
 impl<St, K> RateLimitMiddleware<St, K>
 where
     St: BucketStore + Clone,
-    K: Clock + Clone,
+    K: Time<St>,
 {
     /// Every route that matches the request, in the order they were added, but for a route of a
     /// bucket an earlier match draws from already (the first route of a bucket that matches
@@ -90,7 +89,7 @@ where
             .map(|&route| RouteTake {
                 route,
                 key: self.key(route, req, extensions),
-                limit: route.limit,
+                limit: route.bucket_limit,
                 cost: cost.unwrap_or(route.cost),
             })
             .collect()

@@ -183,23 +183,28 @@ fn every_part_of_a_group_can_be_overridden() {
 
 #[test]
 fn a_margin_lengthens_each_token_period_and_keeps_the_burst() {
+    let published = limit(1, MINUTE, 10);
     let g = orders()
-        .margin(Duration::from_millis(10))
+        .margin(Duration::from_millis(20))
         .expect("a valid margin");
+    assert_eq!(g.template().limit(), published);
     assert_eq!(
-        g.template().limit(),
+        g.template().bucket_limit(),
+        limit(1, Duration::from_millis(60_020), 10)
+    );
+    // A margin replaces the default one, never adds to it, and `limit` puts the default back.
+    assert_eq!(
+        orders().template().bucket_limit(),
         limit(1, Duration::from_millis(60_010), 10)
     );
-    assert_eq!(
-        g.template(),
-        &orders().limit(g.template().limit()).into_template()
-    );
+    assert_eq!(g.clone().margin(Duration::from_millis(20)), Ok(g.clone()));
+    assert_eq!(g.limit(published), orders());
     let fast = orders()
         .limit(limit(300, MINUTE, 20))
         .margin(Duration::from_millis(1))
         .expect("a valid margin");
     assert_eq!(
-        fast.template().limit(),
+        fast.template().bucket_limit(),
         limit(300, Duration::from_millis(60_300), 20)
     );
     assert_eq!(
@@ -212,7 +217,8 @@ fn a_margin_lengthens_each_token_period_and_keeps_the_burst() {
         orders().margin(Duration::MAX).map(drop),
         Err(InvalidLimit::TooSlow)
     );
-    assert_eq!(sales().margin(Duration::ZERO), Ok(sales()));
+    let exact = sales().margin(Duration::ZERO).expect("no margin");
+    assert_eq!(exact.template().bucket_limit(), sales().template().limit());
 }
 
 #[test]

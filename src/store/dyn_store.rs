@@ -16,6 +16,9 @@ pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// Implemented for every `BucketStore`; `Arc<dyn DynBucketStore>` implements `BucketStore` in turn,
 /// so it fits anywhere a store is expected. Each call boxes one future.
 pub trait DynBucketStore: Send + Sync + 'static {
+    /// [`BucketStore::now`], through the object.
+    fn now_dyn(&self) -> SystemTime;
+
     /// [`BucketStore::acquire`], boxed.
     fn acquire_boxed<'a>(
         &'a self,
@@ -102,6 +105,10 @@ pub trait DynBucketStore: Send + Sync + 'static {
 }
 
 impl<S: BucketStore> DynBucketStore for S {
+    fn now_dyn(&self) -> SystemTime {
+        self.now()
+    }
+
     fn acquire_boxed<'a>(
         &'a self,
         key: &'a BucketKey,
@@ -196,6 +203,10 @@ impl<S: BucketStore> DynBucketStore for S {
 }
 
 impl BucketStore for Arc<dyn DynBucketStore> {
+    fn now(&self) -> SystemTime {
+        (**self).now_dyn()
+    }
+
     async fn acquire(
         &self,
         key: &BucketKey,

@@ -75,6 +75,14 @@ pub use self::redis::{Breaker, OutagePolicy, RedisStore};
 /// deploys and the next call simply uses the new one. Time comes from the store's
 /// [`Clock`](crate::Clock).
 pub trait BucketStore: Send + Sync + 'static {
+    /// The time the store decides at: its clock's, so a caller that works out deadlines for it
+    /// (a back-off's end, a ticket's expiry) counts on the same time as its buckets. By default
+    /// the system clock; the stores of this crate read their own [`Clock`](crate::Clock) (on
+    /// a `RedisStore`, by default the time Redis counts, shared by every host).
+    fn now(&self) -> SystemTime {
+        SystemTime::now()
+    }
+
     /// Takes `cost` tokens from the bucket.
     ///
     /// - Enough tokens now: admitted, [`Decision::wait`] is zero.

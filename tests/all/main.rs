@@ -38,3 +38,4 @@ mod redis_security;
 mod redis_store;
 mod secrets;
 mod server_clock;
+mod strict_upstream;

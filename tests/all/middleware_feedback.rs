@@ -7,11 +7,12 @@
 
 use std::time::Duration;
 
-use burstgate::middleware::{Account, RateLimitMiddleware, Route};
+use burstgate::middleware::{Account, RateLimitMiddleware};
 use burstgate::{BucketKey, BucketStore, Limit, ManualClock, MemoryStore, RateLimited, TokioClock};
 use reqwest::StatusCode;
 
 use crate::support::HeldDrains;
+use crate::support::exact_route;
 use crate::support::upstream::{
     Answer, BASE, OnTokioTime, SELLER, Upstream, ok_with, one_a_second_burst_5, sends,
 };
@@ -40,7 +41,7 @@ async fn waiting_requests_meet_a_429(
     let client = upstream.client(
         RateLimitMiddleware::new(store)
             .with_clock(clock)
-            .route(Route::new("api", api, "/orders").expect("a route"))
+            .route(exact_route("api", api, "/orders").expect("a route"))
             .max_wait(max_wait),
     );
     let start = tokio::time::Instant::now();
@@ -110,7 +111,7 @@ fn a_429s_back_off_survives_the_caller_going_away() {
         let limit = Limit::per_second(1)
             .and_then(|l| l.with_burst(5))
             .expect("a valid limit");
-        let route = Route::new("api", limit, "/").expect("a valid route");
+        let route = exact_route("api", limit, "/").expect("a valid route");
         // Every request answered with a 429 asking for 30 s, without a network.
         let upstream = Upstream::by_turn(|_| {
             Answer::new(StatusCode::TOO_MANY_REQUESTS).header("retry-after", "30")
@@ -207,7 +208,7 @@ async fn after_nothing_left(left: &'static [&'static str]) -> Vec<u128> {
         .expect("a valid limit");
     let limiter: OnTokioTime = RateLimitMiddleware::new(MemoryStore::new().with_clock(clock))
         .with_clock(clock)
-        .route(Route::new("api", limit, "/orders").expect("a route"))
+        .route(exact_route("api", limit, "/orders").expect("a route"))
         .max_wait(Duration::from_secs(60));
     let upstream = Upstream::by_turn(move |n| {
         ok_with("x-ratelimit-remaining", left[n.min(left.len() - 1)])
@@ -269,7 +270,7 @@ mod retried {
         let limiter = RateLimitMiddleware::new(MemoryStore::new().with_clock(clock))
             .with_clock(clock)
             .route(
-                Route::new("api", Limit::per_second(1).expect("a limit"), "/orders")
+                exact_route("api", Limit::per_second(1).expect("a limit"), "/orders")
                     .expect("a route"),
             )
             .max_wait(Duration::ZERO);

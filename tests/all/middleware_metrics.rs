@@ -8,7 +8,7 @@ use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use burstgate::middleware::{Account, Cost, RateLimitMiddleware, RequestOutcome, Route};
+use burstgate::middleware::{Account, Cost, RateLimitMiddleware, RequestOutcome};
 use burstgate::{Limit, MemoryStore, TokioClock};
 use reqwest::StatusCode;
 use reqwest_middleware::ClientWithMiddleware;
@@ -25,7 +25,7 @@ fn ten_a_second_burst_2() -> OnTokioTime {
         .expect("a valid limit");
     RateLimitMiddleware::new(MemoryStore::new().with_clock(clock))
         .with_clock(clock)
-        .route(Route::new("api", limit, "/orders").expect("a route"))
+        .route(crate::support::exact_route("api", limit, "/orders").expect("a route"))
 }
 
 /// Sends a GET to `/orders` for [`SELLER`], with `cost` when given: the upstream's status, or
@@ -274,8 +274,12 @@ mod recorded {
             let limiter = RateLimitMiddleware::new(MemoryStore::new().with_clock(clock))
                 .with_clock(clock)
                 .route(
-                    Route::new("api", Limit::per_second(1).expect("a limit"), "/orders")
-                        .expect("a route"),
+                    crate::support::exact_route(
+                        "api",
+                        Limit::per_second(1).expect("a limit"),
+                        "/orders",
+                    )
+                    .expect("a route"),
                 )
                 .key_secret(ticket_secret())
                 .max_wait(Duration::from_secs(60));

@@ -7,10 +7,11 @@
 use std::num::NonZeroU32;
 use std::time::Duration;
 
-use burstgate::middleware::{Account, Cost, RateLimitMiddleware, Route, rate_limited};
+use burstgate::middleware::{Account, Cost, RateLimitMiddleware, rate_limited};
 use burstgate::{BucketKey, BucketStore, Limit, MemoryStore, StoreError, TokioClock};
 use reqwest::StatusCode;
 
+use crate::support::exact_route;
 use crate::support::upstream::{
     Answer, BASE, OnTokioTime, SELLER, Upstream, account, endpoint_and_account, ok_with,
     one_a_second_burst_5, sends, to,
@@ -45,7 +46,7 @@ async fn a_route_cost_takes_that_many_tokens_and_a_request_may_say_its_own() {
     let limiter = RateLimitMiddleware::new(MemoryStore::new().with_clock(clock))
         .with_clock(clock)
         .route(
-            Route::new("api", limit, "/orders")
+            exact_route("api", limit, "/orders")
                 .expect("a route")
                 .cost(two(2)),
         )
@@ -167,8 +168,8 @@ async fn a_request_refused_on_one_route_takes_nothing_from_the_other() {
         .expect("a valid limit");
     let limiter = RateLimitMiddleware::new(MemoryStore::new().with_clock(clock))
         .with_clock(clock)
-        .route(Route::new("orders", endpoint, "/orders").expect("a route"))
-        .route(Route::new("account", account, "/**").expect("a route"))
+        .route(exact_route("orders", endpoint, "/orders").expect("a route"))
+        .route(exact_route("account", account, "/**").expect("a route"))
         .max_wait(Duration::ZERO);
     let upstream = Upstream::answering(StatusCode::OK);
     let client = upstream.client(limiter);
@@ -234,11 +235,11 @@ async fn of_two_routes_of_one_bucket_the_first_that_matches_applies() {
     let limiter = RateLimitMiddleware::new(MemoryStore::new().with_clock(clock))
         .with_clock(clock)
         .route(
-            Route::new("account", account, "/batch")
+            exact_route("account", account, "/batch")
                 .expect("a route")
                 .cost(NonZeroU32::new(10).expect("non-zero")),
         )
-        .route(Route::new("account", account, "/**").expect("a route"))
+        .route(exact_route("account", account, "/**").expect("a route"))
         .max_wait(Duration::ZERO);
     let upstream = Upstream::answering(StatusCode::OK);
     let client = upstream.client(limiter);
@@ -267,8 +268,8 @@ async fn several_routes_wait_by_default_no_longer_than_the_fastest_allows() {
     let account = Limit::per_second(10).expect("a valid limit");
     let limiter = RateLimitMiddleware::new(MemoryStore::new().with_clock(clock))
         .with_clock(clock)
-        .route(Route::new("orders", endpoint, "/orders").expect("a route"))
-        .route(Route::new("account", account, "/**").expect("a route"));
+        .route(exact_route("orders", endpoint, "/orders").expect("a route"))
+        .route(exact_route("account", account, "/**").expect("a route"));
     let upstream = Upstream::answering(StatusCode::OK);
     let client = upstream.client(limiter);
     let start = tokio::time::Instant::now();
@@ -296,8 +297,8 @@ fn seventeen_routes(max_wait: Duration) -> (OnTokioTime, MemoryStore<TokioClock>
     let fast = Limit::per_second(10).expect("a valid limit");
     let account = Limit::new(1, Duration::from_secs(2)).expect("a valid limit");
     let routes = (0..16)
-        .map(|i| Route::new(&format!("r{i}"), fast, "/**").expect("a route"))
-        .chain([Route::new("account", account, "/**").expect("a route")]);
+        .map(|i| exact_route(&format!("r{i}"), fast, "/**").expect("a route"))
+        .chain([exact_route("account", account, "/**").expect("a route")]);
     let store = MemoryStore::new().with_clock(clock);
     let limiter = RateLimitMiddleware::new(store.clone())
         .with_clock(clock)

@@ -11,13 +11,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use burstgate::middleware::{
-    Account, Cost, RateLimitMiddleware, Route, Ticket, TicketError, rate_limited,
+    Account, Cost, RateLimitMiddleware, Ticket, TicketError, rate_limited,
 };
 use burstgate::{BucketKey, BucketStore, Limit, ManualClock, MemoryStore, StoreError, TokioClock};
 use reqwest::{Request, StatusCode};
 use reqwest_middleware::ClientWithMiddleware;
 
 use crate::support::RefusedBookings;
+use crate::support::exact_route;
 use crate::support::upstream::{
     Answer, BASE, OnTokioTime, SELLER, Upstream, account, endpoint_and_account, ticket_secret, to,
 };
@@ -29,7 +30,7 @@ fn booked_client(upstream: &Upstream) -> (OnTokioTime, ClientWithMiddleware) {
     let limiter = RateLimitMiddleware::new(MemoryStore::new().with_clock(clock))
         .with_clock(clock)
         .route(
-            Route::new("api", Limit::per_second(1).expect("a limit"), "/orders").expect("a route"),
+            exact_route("api", Limit::per_second(1).expect("a limit"), "/orders").expect("a route"),
         )
         .key_secret(ticket_secret())
         .max_wait(Duration::from_secs(60));
@@ -155,7 +156,7 @@ async fn a_cancelled_ticket_gives_its_turn_back_once() {
     // A middleware with the same secret but no route for the ticket's bucket has no limit to
     // give it back under.
     let elsewhere = RateLimitMiddleware::new(MemoryStore::new())
-        .route(Route::new("other", Limit::per_second(1).expect("a limit"), "/o").expect("a route"))
+        .route(exact_route("other", Limit::per_second(1).expect("a limit"), "/o").expect("a route"))
         .key_secret(ticket_secret());
     let err = elsewhere.cancel(&again).await.expect_err("no route");
     assert_eq!(ticket_error(&err), Some(TicketError::NoRoute));
@@ -216,8 +217,8 @@ async fn a_ticket_whose_booking_the_store_refuses_is_not_made_and_its_tokens_go_
     );
     let limiter = RateLimitMiddleware::new(store.clone())
         .with_clock(clock)
-        .route(Route::new("orders", orders, "/orders").expect("a route"))
-        .route(Route::new("account", account_limit, "/**").expect("a route"))
+        .route(exact_route("orders", orders, "/orders").expect("a route"))
+        .route(exact_route("account", account_limit, "/**").expect("a route"))
         .key_secret(ticket_secret());
     let err = limiter
         .reserve(&orders_request(), &account(SELLER))
@@ -287,7 +288,7 @@ async fn a_ticket_goes_once_unchanged_in_its_time_for_its_cost() {
         .expect_err("forged");
     assert_eq!(ticket_error(&err), Some(TicketError::Forged));
     let stranger = RateLimitMiddleware::new(MemoryStore::new()).route(
-        Route::new("api", Limit::per_second(1).expect("a limit"), "/orders").expect("a route"),
+        exact_route("api", Limit::per_second(1).expect("a limit"), "/orders").expect("a route"),
     );
     let theirs = stranger
         .reserve(&orders_request(), &account(SELLER))
@@ -331,7 +332,7 @@ async fn a_ticket_sent_from_a_host_whose_clock_is_off_is_never_sent_out_of_its_t
         let limiter = RateLimitMiddleware::new(store.clone())
             .with_clock(clock)
             .route(
-                Route::new("api", Limit::per_second(1).expect("a limit"), "/orders")
+                exact_route("api", Limit::per_second(1).expect("a limit"), "/orders")
                     .expect("a route"),
             )
             .key_secret(ticket_secret());
@@ -474,5 +475,52 @@ async fn a_ticket_of_two_buckets_is_refused_where_one_route_matches() {
         upstream
             .sent_ms_since(tokio::time::Instant::now())
             .is_empty()
+    );
+}
+
+/// A middleware given no clock of its own counts its store's time: a ticket booked on a store
+/// whose clock is far from this host's goes at its turn, and an upstream 429 drains the bucket
+/// for the time it asked, from the store's now. On the host's clock instead, the ticket would be
+/// judged decades past its grace, and the drain would end decades after the store's now.
+#[tokio::test(start_paused = true)]
+async fn a_middleware_without_a_clock_counts_its_stores_time() {
+    let upstream = Upstream::by_turn(|turn| match turn {
+        0 => Answer::ok(),
+        _ => Answer::new(StatusCode::TOO_MANY_REQUESTS).header("retry-after", "10"),
+    });
+    let start = tokio::time::Instant::now();
+    let store_now_ms = 1_000_000;
+    let store = MemoryStore::new().with_clock(ManualClock::new(store_now_ms));
+    let limit = Limit::per_second(1).expect("a limit");
+    let limiter = RateLimitMiddleware::new(store.clone())
+        .route(exact_route("api", limit, "/orders").expect("a route"))
+        .key_secret(ticket_secret());
+    let client = upstream.client(limiter.clone());
+    let ticket = limiter
+        .reserve(&orders_request(), &account(SELLER))
+        .await
+        .expect("booked")
+        .expect("a route");
+
+    send_booked(&client, SELLER, Some(ticket))
+        .await
+        .expect("sent at its turn on the store's time");
+    assert_eq!(upstream.sent_ms_since(start), [0]);
+
+    store.clock().advance(Duration::from_secs(1));
+    let status = send_booked(&client, SELLER, None).await.expect("sent");
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    let key = BucketKey::new("api", SELLER).expect("a key");
+    let halted_until = store
+        .peek(&key, limit)
+        .await
+        .expect("a state")
+        .halted_until()
+        .expect("drained by the 429");
+    let store_now = std::time::UNIX_EPOCH + Duration::from_millis(store_now_ms + 1_000);
+    assert_eq!(
+        halted_until.duration_since(store_now).expect("after now"),
+        Duration::from_secs(10),
+        "the first token comes when the upstream asked, counted from the store's now"
     );
 }

@@ -18,6 +18,8 @@ mod stores;
 pub(crate) use stores::SlowReplies;
 #[cfg(feature = "reqwest")]
 pub(crate) use stores::{HeldDrains, RefusedBookings};
+#[cfg(all(feature = "reqwest", feature = "redis"))]
+pub(crate) mod strict;
 #[cfg(feature = "reqwest")]
 pub(crate) mod upstream;
 
@@ -41,4 +43,18 @@ pub(crate) fn limit(tokens: u32, interval_ms: u64, burst: u32) -> Limit {
 
 pub(crate) fn key(bucket: &str, key: impl AsRef<[u8]>) -> BucketKey {
     BucketKey::new(bucket, key).expect("a valid key")
+}
+
+/// A route run exactly at `limit`, with no margin: the middleware suites count the arithmetic
+/// to the millisecond. The default margin is tested against a strict upstream in
+/// `strict_upstream.rs`.
+#[cfg(feature = "reqwest")]
+pub(crate) fn exact_route(
+    bucket: &str,
+    limit: Limit,
+    path: &str,
+) -> Result<burstgate::middleware::Route, burstgate::middleware::InvalidRoute> {
+    Ok(burstgate::middleware::Route::new(bucket, limit, path)?
+        .margin(Duration::ZERO)
+        .expect("no margin is always valid"))
 }

@@ -17,6 +17,10 @@ pub(crate) struct SlowReplies<S> {
 }
 
 impl<S: BucketStore + Clone> BucketStore for SlowReplies<S> {
+    fn now(&self) -> SystemTime {
+        self.inner.now()
+    }
+
     async fn acquire(
         &self,
         key: &BucketKey,
@@ -120,6 +124,10 @@ impl<S> HeldDrains<S> {
 
 #[cfg(feature = "reqwest")]
 impl<S: BucketStore + Clone> BucketStore for HeldDrains<S> {
+    fn now(&self) -> SystemTime {
+        self.inner.now()
+    }
+
     async fn acquire(
         &self,
         key: &BucketKey,
@@ -208,6 +216,10 @@ pub(crate) struct RefusedBookings<S> {
 
 #[cfg(feature = "reqwest")]
 impl<S: BucketStore + Clone> BucketStore for RefusedBookings<S> {
+    fn now(&self) -> SystemTime {
+        self.inner.now()
+    }
+
     async fn acquire(
         &self,
         key: &BucketKey,

@@ -9,7 +9,8 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use burstgate::middleware::{Account, RateLimitMiddleware, Route};
+use crate::support::exact_route;
+use burstgate::middleware::{Account, RateLimitMiddleware};
 use burstgate::{KeySecret, Limit, MemoryStore, TokioClock};
 use http::{Extensions, HeaderValue, StatusCode};
 use reqwest::{Request, Response};
@@ -210,7 +211,7 @@ pub(crate) fn one_a_second_burst_5() -> OnTokioTime {
         .expect("a valid limit");
     RateLimitMiddleware::new(MemoryStore::new().with_clock(clock))
         .with_clock(clock)
-        .route(Route::new("api", limit, "/orders").expect("a route"))
+        .route(exact_route("api", limit, "/orders").expect("a route"))
         .max_wait(Duration::from_secs(60))
 }
 
@@ -227,8 +228,8 @@ pub(crate) fn endpoint_and_account() -> OnTokioTime {
         .expect("a valid limit");
     RateLimitMiddleware::new(MemoryStore::new().with_clock(clock))
         .with_clock(clock)
-        .route(Route::new("orders", endpoint, "/orders").expect("a route"))
-        .route(Route::new("account", account, "/**").expect("a route"))
+        .route(exact_route("orders", endpoint, "/orders").expect("a route"))
+        .route(exact_route("account", account, "/**").expect("a route"))
         .key_secret(ticket_secret())
         .max_wait(Duration::from_secs(60))
 }

@@ -339,6 +339,10 @@ impl<C: Clock> MemoryStore<C> {
 }
 
 impl<C: Clock> BucketStore for MemoryStore<C> {
+    fn now(&self) -> SystemTime {
+        self.clock.now()
+    }
+
     // The decision is short and its future a large value returned by copy; inlined into the
     // caller, the copy and the call go away.
     #[inline]

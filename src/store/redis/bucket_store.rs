@@ -24,6 +24,10 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
     K: Clock,
 {
+    fn now(&self) -> SystemTime {
+        self.clock.now()
+    }
+
     async fn acquire(
         &self,
         key: &BucketKey,

@@ -12,9 +12,7 @@
 use std::time::{Duration, Instant};
 
 use burstgate::middleware::{Account, RateLimitMiddleware, Route};
-use burstgate::{
-    BucketKey, BucketState, BucketStore, Clock, Limit, MemoryStore, RateLimited, TokioClock,
-};
+use burstgate::{BucketKey, BucketState, BucketStore, Limit, MemoryStore, RateLimited, TokioClock};
 use reqwest::StatusCode;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use wiremock::matchers::{method, path};
@@ -23,10 +21,10 @@ use wiremock::{Mock, MockServer, Respond, ResponseTemplate};
 #[cfg(feature = "redis")]
 use crate::support::redis_server;
 use crate::support::upstream::{BASE, Upstream};
-use crate::support::{SlowReplies, key, limit};
+use crate::support::{SlowReplies, exact_route, key, limit};
 
 fn route(bucket: &str, limit: Limit, pattern: &str) -> Route {
-    Route::new(bucket, limit, pattern).expect("a valid route")
+    exact_route(bucket, limit, pattern).expect("a valid route")
 }
 
 /// A middleware on a `MemoryStore`, both on tokio's clock, for the tests on paused time.
@@ -42,11 +40,7 @@ fn on_tokio_time() -> (
     )
 }
 
-fn client<St, K>(middleware: RateLimitMiddleware<St, K>) -> ClientWithMiddleware
-where
-    St: BucketStore + Clone,
-    K: Clock + Clone,
-{
+fn client(middleware: impl reqwest_middleware::Middleware) -> ClientWithMiddleware {
     ClientBuilder::new(reqwest::Client::new())
         .with(middleware)
         .build()
