@@ -641,10 +641,7 @@ fn evals_served(cluster: &redis_cluster::Cluster, index: usize) -> u64 {
     let info: String = cluster.nodes[index]
         .query(redis::cmd("INFO").arg("commandstats"))
         .expect("INFO");
-    info.lines()
-        .find_map(|l| l.trim().strip_prefix("cmdstat_eval:calls="))
-        .and_then(|l| l.split(',').next())
-        .map_or(0, |n| n.parse().expect("a count"))
+    crate::support::calls_of(&info, "eval")
 }
 
 fn evals_by_node(cluster: &redis_cluster::Cluster) -> Vec<u64> {

@@ -140,10 +140,7 @@ async fn evals_served(port: u16) -> u64 {
         .query_async(&mut admin(port).await)
         .await
         .expect("INFO");
-    info.lines()
-        .find_map(|l| l.trim().strip_prefix("cmdstat_eval:calls="))
-        .and_then(|l| l.split(',').next())
-        .map_or(0, |n| n.parse().expect("a count"))
+    crate::support::calls_of(&info, "eval")
 }
 
 /// The store's clock used to measure on the connection it was made with, whatever the store

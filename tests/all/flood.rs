@@ -9,7 +9,7 @@ use std::time::Duration;
 use burstgate::{BucketStore, Decision, Limit, ManualClock, RedisStore, Take};
 use redis::aio::MultiplexedConnection;
 
-use crate::support::{START, ZERO, key, limit, redis_server};
+use crate::support::{START, ZERO, calls_of, key, limit, redis_server};
 
 /// Requests in a flood.
 const FLOOD: u64 = 2_000;
@@ -40,19 +40,7 @@ async fn script_calls(conn: &mut MultiplexedConnection) -> u64 {
         .query_async(conn)
         .await
         .expect("INFO commandstats");
-    info.lines()
-        .filter_map(|l| {
-            l.strip_prefix("cmdstat_evalsha:")
-                .or_else(|| l.strip_prefix("cmdstat_eval:"))
-        })
-        .map(|stats| {
-            stats
-                .split(',')
-                .find_map(|field| field.strip_prefix("calls="))
-                .and_then(|n| n.parse::<u64>().ok())
-                .expect("a count of calls")
-        })
-        .sum()
+    calls_of(&info, "evalsha") + calls_of(&info, "eval")
 }
 
 /// Has the server at `url` load both scripts, with a decision of each on keys of their own: its

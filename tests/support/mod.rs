@@ -41,6 +41,23 @@ pub(crate) fn limit(tokens: u32, interval_ms: u64, burst: u32) -> Limit {
         .expect("a valid limit")
 }
 
+/// How many times Redis ran `command` (lowercase, `eval` or `evalsha`), from the text of its
+/// `INFO commandstats`: zero when it never ran it.
+#[cfg(feature = "redis")]
+pub(crate) fn calls_of(commandstats: &str, command: &str) -> u64 {
+    let prefix = format!("cmdstat_{command}:");
+    commandstats
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(prefix.as_str()))
+        .map_or(0, |stats| {
+            stats
+                .split(',')
+                .find_map(|field| field.strip_prefix("calls="))
+                .and_then(|n| n.parse().ok())
+                .expect("a count of calls")
+        })
+}
+
 pub(crate) fn key(bucket: &str, key: impl AsRef<[u8]>) -> BucketKey {
     BucketKey::new(bucket, key).expect("a valid key")
 }
