@@ -271,11 +271,13 @@ impl<C: Clock> MemoryStore<C> {
             }
         }
         let (out, writes) = {
-            let held: PerBucket<Option<Held<'_>>> = ids
-                .iter()
-                .zip(keys)
-                .map(|(id, &(hash, s))| guards[guard_of(s)].table.hold(hash, id))
-                .collect();
+            // Each bucket looked up besides those held already: a key whose tag another of
+            // the request's buckets shares must not wait for that bucket's lock, its own.
+            let mut held: PerBucket<Option<Held<'_>>> = PerBucket::new();
+            for (id, &(hash, s)) in ids.iter().zip(keys) {
+                let h = guards[guard_of(s)].table.hold_besides(hash, id, &held);
+                held.push(h);
+            }
             let states: PerBucket<Option<State>> = ids
                 .iter()
                 .zip(keys)

@@ -49,6 +49,20 @@ impl Table {
     /// it to read and again to write.
     #[inline]
     pub(super) fn hold(&self, hash: u64, id: &str) -> Option<Held<'_>> {
+        self.hold_besides(hash, id, &[])
+    }
+
+    /// [`hold`](Self::hold), for a decision that holds the buckets `held` already: a bucket of
+    /// those is passed over, not waited for, when `id`'s tag matches its own (its key is
+    /// another, since no request names a bucket twice), so that a decision on several buckets
+    /// never waits for itself.
+    #[inline]
+    pub(super) fn hold_besides(
+        &self,
+        hash: u64,
+        id: &str,
+        held: &[Option<Held<'_>>],
+    ) -> Option<Held<'_>> {
         let tag = tag_of(hash);
         let mask = self.index.len().wrapping_sub(1);
         let mut at = hash as usize & mask;
@@ -58,6 +72,11 @@ impl Table {
             if entry >> 24 == tag && entry != 0 {
                 let position = (entry & 0xFF_FFFF) as usize;
                 let slot = self.buckets.get(position.wrapping_sub(1))?;
+                let mine = held.iter().flatten().any(|h| std::ptr::eq(h.0, slot));
+                if mine {
+                    at = (at + 1) & mask;
+                    continue;
+                }
                 match slot.lock(HELD) {
                     true if slot.key.is(id) => return Some(Held(slot)),
                     true => slot.unlock(),
