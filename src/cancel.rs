@@ -17,8 +17,16 @@
 //!      next to the HTTP call it guards.
 //! 3. **Every refund names its reservation** ([`Reservation`]), never a bare cost, so a refund
 //!    that comes late cannot free a slot another caller now holds.
+//! 4. **Reservations abandoned together go back latest slot first** ([`Abandoned`]). A store
+//!    gives a waiting reservation's tokens back only while it is the last one queued; a batch
+//!    of queued requests dropped at once (a job cancelled, a timeout around all of them) drops
+//!    them first to last, and refunded in that order every one but the last would find another
+//!    behind it and stay spent, up to the whole queue's worth of budget.
 
+use std::cmp::Reverse;
 use std::mem;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration as Wait;
 
 use crate::{BucketKey, BucketStore, Limit, Reservation};
 #[cfg(feature = "reqwest")]
@@ -33,14 +41,21 @@ use {
 /// spawned tokio task, so an abandoned reservation is not lost to the bucket.
 pub(crate) struct RefundGuard<St: BucketStore + Clone> {
     store: St,
-    taken: Vec<(BucketKey, Limit, Reservation)>,
+    taken: Vec<Taken>,
+    abandoned: Abandoned,
 }
 
+/// A reservation's tokens, and the bucket they came from.
+type Taken = (BucketKey, Limit, Reservation);
+
 impl<St: BucketStore + Clone> RefundGuard<St> {
-    pub(crate) fn new(store: St) -> Self {
+    /// A guard on `store`'s tokens that, dropped while armed, gives them back through
+    /// `abandoned`, the front end's.
+    pub(crate) fn new(store: St, abandoned: &Abandoned) -> Self {
         Self {
             store,
             taken: Vec::new(),
+            abandoned: abandoned.clone(),
         }
     }
 
@@ -70,19 +85,68 @@ impl<St: BucketStore + Clone> Drop for RefundGuard<St> {
             return;
         }
         let taken = mem::take(&mut self.taken);
-        let store = self.store.clone();
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => {
-                rt.spawn(async move {
-                    let mut guard = RefundGuard { store, taken };
-                    guard.refund_all().await;
-                });
-            }
-            Err(_) => tracing::warn!(
-                requests = taken.len(),
-                "no tokio runtime to refund an abandoned reservation on"
-            ),
+        self.abandoned.give_back(&self.store, taken);
+    }
+}
+
+/// The reservations of callers that went away, on their way back to the store: one per front
+/// end, shared by its copies (rule 4). Each is given back once, as before, but those abandoned
+/// within a millisecond of each other go back together, latest slot first, so that each is the
+/// last one queued when its turn comes, if every reservation behind it was abandoned too.
+#[derive(Clone, Default)]
+pub(crate) struct Abandoned(Arc<Mutex<Pending>>);
+
+#[derive(Default)]
+struct Pending {
+    taken: Vec<Taken>,
+    /// Whether a task is giving them back; it takes whatever arrives meanwhile too.
+    draining: bool,
+}
+
+impl Abandoned {
+    /// Gives `taken`, from `store`, back on a spawned task, since `Drop` cannot wait for a
+    /// store.
+    pub(crate) fn give_back<St: BucketStore + Clone>(&self, store: &St, taken: Vec<Taken>) {
+        let start = {
+            let mut pending = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+            pending.taken.extend(taken);
+            !mem::replace(&mut pending.draining, true)
+        };
+        if !start {
+            return;
         }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            let mut pending = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+            tracing::warn!(
+                requests = pending.taken.len(),
+                "no tokio runtime to refund an abandoned reservation on"
+            );
+            pending.taken.clear();
+            pending.draining = false;
+            return;
+        };
+        let (this, store) = (self.clone(), store.clone());
+        rt.spawn(async move {
+            // Callers dropped together (a batch cancelled) go within the store's unit of time:
+            // waiting it out lets their refunds be ordered as one.
+            tokio::time::sleep(Wait::from_millis(1)).await;
+            loop {
+                let mut batch = {
+                    let mut pending = this.0.lock().unwrap_or_else(PoisonError::into_inner);
+                    if pending.taken.is_empty() {
+                        pending.draining = false;
+                        return;
+                    }
+                    mem::take(&mut pending.taken)
+                };
+                batch.sort_by_key(|(_, _, reservation)| Reverse(reservation.ready_at_ms()));
+                for (key, limit, reservation) in batch {
+                    if let Err(e) = store.refund(&key, limit, reservation).await {
+                        tracing::warn!(bucket = key.bucket(), error = %e, "refund failed");
+                    }
+                }
+            }
+        });
     }
 }
 
@@ -92,20 +156,20 @@ impl<St: BucketStore + Clone> Drop for RefundGuard<St> {
 #[cfg(feature = "reqwest")]
 pub(crate) async fn acquire_detached<St: BucketStore + Clone>(
     store: &St,
+    abandoned: &Abandoned,
     key: &BucketKey,
     limit: Limit,
     cost: u32,
     max_wait: Duration,
 ) -> Result<Decision, StoreError> {
     let (tx, rx) = tokio::sync::oneshot::channel();
-    let (store, key) = (store.clone(), key.clone());
+    let (store, key, abandoned) = (store.clone(), key.clone(), abandoned.clone());
     tokio::spawn(async move {
         let result = store.acquire(&key, limit, cost, max_wait).await;
         if let Err(Ok(unreceived)) = tx.send(result)
             && let Some(reservation) = unreceived.reservation()
-            && let Err(e) = store.refund(&key, limit, reservation).await
         {
-            tracing::warn!(bucket = key.bucket(), error = %e, "refund failed");
+            abandoned.give_back(&store, vec![(key, limit, reservation)]);
         }
     });
     rx.await.unwrap_or_else(|_| {
@@ -121,25 +185,28 @@ pub(crate) async fn acquire_detached<St: BucketStore + Clone>(
 #[cfg(feature = "reqwest")]
 pub(crate) async fn acquire_all_detached<St: BucketStore + Clone>(
     store: &St,
+    abandoned: &Abandoned,
     buckets: Vec<(BucketKey, Limit, u32)>,
     max_wait: Duration,
 ) -> Result<Vec<Decision>, StoreError> {
     let (tx, rx) = tokio::sync::oneshot::channel();
-    let store = store.clone();
+    let (store, abandoned) = (store.clone(), abandoned.clone());
     tokio::spawn(async move {
         let takes: Vec<Take<'_>> = buckets
             .iter()
             .map(|(key, limit, cost)| Take::new(key, *limit, *cost))
             .collect();
         let result = store.acquire_all(&takes, max_wait).await;
+        drop(takes);
         if let Err(Ok(unreceived)) = tx.send(result) {
-            for (decision, (key, limit, _)) in unreceived.iter().zip(&buckets) {
-                if let Some(reservation) = decision.reservation()
-                    && let Err(e) = store.refund(key, *limit, reservation).await
-                {
-                    tracing::warn!(bucket = key.bucket(), error = %e, "refund failed");
-                }
-            }
+            let taken = unreceived
+                .iter()
+                .zip(buckets)
+                .filter_map(|(decision, (key, limit, _))| {
+                    Some((key, limit, decision.reservation()?))
+                })
+                .collect();
+            abandoned.give_back(&store, taken);
         }
     });
     rx.await.unwrap_or_else(|_| {

@@ -314,9 +314,15 @@ pub mod __private {
     pub use crate::store::raw;
 }
 
-// The README's examples need the `redis`, `tower` and `reqwest` features to compile.
+// The README's examples need the `redis`, `tower`, `reqwest` and `metrics` features to compile.
 #[doc = include_str!("../README.md")]
-#[cfg(all(doctest, feature = "redis", feature = "tower", feature = "reqwest"))]
+#[cfg(all(
+    doctest,
+    feature = "redis",
+    feature = "tower",
+    feature = "reqwest",
+    feature = "metrics"
+))]
 pub struct ReadmeDoctests;
 
 // The Rust examples of docs/OPERATIONS.md, compiled as doctests like the README's.

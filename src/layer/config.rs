@@ -13,6 +13,7 @@ use super::Rule;
 use super::headers::FieldVersion;
 use super::observe::DecisionHook;
 use super::rejection::Rejection;
+use crate::cancel::Abandoned;
 
 pub(crate) type SkipFn = std::sync::Arc<dyn Fn(&Parts) -> bool + Send + Sync>;
 
@@ -39,6 +40,8 @@ pub(crate) struct Config<St> {
     /// different Redis Cluster slots: from then on, a request whose rules key on different
     /// callers takes them in turn without trying first. Shared by the layer's copies.
     pub(crate) apart: Arc<AtomicBool>,
+    /// Reservations of requests dropped while they waited, on their way back.
+    pub(crate) abandoned: Abandoned,
 }
 
 impl<St: Clone> Clone for Config<St> {
@@ -56,6 +59,7 @@ impl<St: Clone> Clone for Config<St> {
             skip: self.skip.clone(),
             on_decision: self.on_decision.clone(),
             apart: Arc::clone(&self.apart),
+            abandoned: self.abandoned.clone(),
         }
     }
 }

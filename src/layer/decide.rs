@@ -213,7 +213,9 @@ pub(crate) fn decide<St: BucketStore + Clone>(
                             && (n + 1 < plan.len() || !wait.is_zero())
                         {
                             guard
-                                .get_or_insert_with(|| RefundGuard::new(config.store.clone()))
+                                .get_or_insert_with(|| {
+                                    RefundGuard::new(config.store.clone(), &config.abandoned)
+                                })
                                 .push(p.key.clone(), p.limit, reservation);
                         }
                         taken.push(Taken {
@@ -348,7 +350,7 @@ async fn together<St: BucketStore + Clone>(
             && (shadows > 0 || !wait.is_zero())
         {
             guard
-                .get_or_insert_with(|| RefundGuard::new(config.store.clone()))
+                .get_or_insert_with(|| RefundGuard::new(config.store.clone(), &config.abandoned))
                 .push(p.key.clone(), p.limit, reservation);
         }
     }
@@ -363,7 +365,9 @@ async fn together<St: BucketStore + Clone>(
                     && (n + 1 < plan.len() || !wait.is_zero())
                 {
                     guard
-                        .get_or_insert_with(|| RefundGuard::new(config.store.clone()))
+                        .get_or_insert_with(|| {
+                            RefundGuard::new(config.store.clone(), &config.abandoned)
+                        })
                         .push(p.key.clone(), p.limit, reservation);
                 }
                 taken.push(Taken {

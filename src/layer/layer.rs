@@ -40,6 +40,7 @@ impl<St: BucketStore + Clone> RateLimitLayer<St> {
                 skip: None,
                 on_decision: None,
                 apart: Arc::default(),
+                abandoned: Default::default(),
             }),
         }
     }

@@ -93,7 +93,7 @@ impl<St: BucketStore + Clone, K: Time<St>> RateLimitMiddleware<St, K> {
             .min()
             .unwrap_or(Duration::ZERO);
         // Given back if the booking fails, or if the caller goes away before it is written.
-        let mut taken = RefundGuard::new(self.store.clone());
+        let mut taken = RefundGuard::new(self.store.clone(), &self.abandoned);
         let mut turns = Vec::with_capacity(takes.len());
         for (t, decision) in takes.into_iter().zip(&decisions) {
             if let Some(reservation) = decision.reservation() {

@@ -44,6 +44,7 @@ use http::{Extensions, HeaderName};
 use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
 
+use crate::cancel::Abandoned;
 use crate::clock::Clock;
 use crate::{BucketStore, KeySecret, RateLimited};
 
@@ -92,6 +93,8 @@ pub struct RateLimitMiddleware<St, K = StoreTime> {
     config: Arc<Config>,
     /// What the upstream has reported, shared by clones.
     seen: Arc<follow::Seen>,
+    /// Reservations of requests dropped while they waited, on their way back; shared by clones.
+    abandoned: Abandoned,
 }
 
 #[derive(Debug, Clone)]
@@ -122,6 +125,7 @@ impl<St: BucketStore + Clone> RateLimitMiddleware<St, StoreTime> {
             store,
             clock: StoreTime,
             seen: Arc::default(),
+            abandoned: Abandoned::default(),
             config: Arc::new(Config {
                 routes: Vec::new(),
                 default: None,
@@ -190,7 +194,10 @@ impl<St: BucketStore + Clone, K: Time<St>> RateLimitMiddleware<St, K> {
     }
 
     /// The longest a request may wait for its turn before it fails with the local 429. By
-    /// default two token periods of the route's limit.
+    /// default two token periods per token of cost of the route's limit, for requests someone
+    /// waits for. A batch job sets how long its requests may wait, and then every one of them
+    /// goes, in the order they asked, at the limit: see the module docs' "Batches". Dropped
+    /// while it waits, a request gives its tokens back.
     #[must_use]
     pub fn max_wait(mut self, max_wait: Duration) -> Self {
         Arc::make_mut(&mut self.config).max_wait = Some(max_wait);
@@ -304,6 +311,7 @@ impl<St: BucketStore + Clone, K: Time<St>> RateLimitMiddleware<St, K> {
             clock,
             config: self.config,
             seen: self.seen,
+            abandoned: self.abandoned,
         }
     }
 }
@@ -374,6 +382,7 @@ impl<St: Clone, K: Clone> Clone for RateLimitMiddleware<St, K> {
             clock: self.clock.clone(),
             config: Arc::clone(&self.config),
             seen: Arc::clone(&self.seen),
+            abandoned: self.abandoned.clone(),
         }
     }
 }

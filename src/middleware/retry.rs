@@ -19,7 +19,9 @@ use crate::{RateLimited, StoreError};
 ///   meets the local 429 again; or fatal, with [`local_429`](Self::local_429), for a caller that
 ///   would rather reschedule the work itself, at the `retry_after` the error gives (a
 ///   [`Ticket`](super::Ticket) books it). On a slow route ("1 per minute") whose ceiling the
-///   retries' backoff does not reach, prefer `Fail`.
+///   retries' backoff does not reach, prefer `Fail`, or let the requests queue with the
+///   middleware's [`max_wait`](super::RateLimitMiddleware::max_wait): a batch that waits its
+///   turns meets no local 429 to retry.
 /// - A store that failed, timed out, is unavailable behind its circuit breaker, or is a
 ///   `MemoryStore` full of buckets in debt: transient.
 /// - A misconfigured cost or a bucket key someone else wrote: fatal, since no retry can change

@@ -72,7 +72,7 @@ where
         cost: u32,
         max_wait: Duration,
     ) -> Result<Decision, StoreError> {
-        acquire_detached(&self.store, key, limit, cost, max_wait).await
+        acquire_detached(&self.store, &self.abandoned, key, limit, cost, max_wait).await
     }
 
     /// The takes of the routes that match a request: a [`Cost`] on the request applies to each,
@@ -132,7 +132,7 @@ where
             .iter()
             .map(|t| (t.key.clone(), t.limit, t.cost))
             .collect();
-        let decisions = acquire_all_detached(&self.store, buckets, max_wait)
+        let decisions = acquire_all_detached(&self.store, &self.abandoned, buckets, max_wait)
             .await
             .map_err(reqwest_middleware::Error::middleware)?;
         if decisions.len() != takes.len() {
@@ -166,7 +166,7 @@ where
         let started = tokio::time::Instant::now();
         loop {
             // Gives back on drop too: a caller gone in the middle of the takes.
-            let mut guard = RefundGuard::new(self.store.clone());
+            let mut guard = RefundGuard::new(self.store.clone(), &self.abandoned);
             let mut decisions = Vec::with_capacity(takes.len());
             for t in takes {
                 let decision = match self.acquire(&t.key, t.limit, t.cost, Duration::ZERO).await {
@@ -336,7 +336,7 @@ where
                 break reservations;
             }
             queued = true;
-            let mut guard = RefundGuard::new(self.store.clone());
+            let mut guard = RefundGuard::new(self.store.clone(), &self.abandoned);
             for (t, r) in takes.iter().zip(&reservations) {
                 guard.push(t.key.clone(), t.limit, *r);
             }

@@ -28,6 +28,7 @@ mod layer_http;
 mod layer_keys;
 mod layer_ops;
 mod middleware;
+mod middleware_batch;
 mod middleware_feedback;
 mod middleware_metrics;
 mod middleware_routes;

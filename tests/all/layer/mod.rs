@@ -130,6 +130,13 @@ where
     }
 }
 
+/// Waits until the refunds of the requests just dropped are made: the front end gives them back
+/// on a task of its own, a millisecond on, so that requests dropped together go back together.
+async fn refunds_made() {
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    yield_a_few_times().await;
+}
+
 async fn yield_a_few_times() {
     for _ in 0..10 {
         tokio::task::yield_now().await;

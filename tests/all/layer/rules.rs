@@ -184,7 +184,7 @@ async fn dropping_a_request_while_a_shadow_rule_is_deciding_refunds_the_enforcin
     assert_eq!(quota.remaining(), 9, "per-key took its token");
 
     drop(deciding);
-    yield_a_few_times().await;
+    refunds_made().await;
     let quota = memory.peek(&k1, orders()).await.expect("peeks");
     assert_eq!(quota.remaining(), 10, "and gave it back");
     assert_eq!(calls.load(Ordering::SeqCst), 0);
