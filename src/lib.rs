@@ -231,9 +231,11 @@
 //! [`RedisStore`] bounds every call with a timeout, retries once what Redis refused before
 //! running it, and puts a circuit breaker ([`Breaker`]) in front of Redis, so that while Redis is
 //! down calls are answered at once. What they answer is its [`OutagePolicy`]: fail closed (the
-//! default: an error; the tower layer answers `503 Service Unavailable` and the reqwest
-//! middleware returns the [`StoreError`] without sending the request), fail open, or a local
-//! bucket with this process's share of the limit. A key of the wrong type under the prefix is
+//! default: an error, which the reqwest middleware returns without sending the request), fail
+//! open, or a local bucket with this process's share of the limit. The tower layer has a
+//! policy of its own for the errors its store returns, by default a decision in this process
+//! with each rule's whole limit, so that a server's limiter is not its outage
+//! (`RateLimitLayer::on_outage`). A key of the wrong type under the prefix is
 //! [`StoreError::WrongType`], naming the key by its bucket and fingerprint, under every policy.
 //! Nothing panics.
 //!
@@ -298,10 +300,10 @@ pub use middleware::RateLimitMiddleware;
 pub use redis;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-pub use store::{Breaker, OutagePolicy, RedisStore};
+pub use store::{Breaker, RedisStore};
 pub use store::{
-    BucketState, BucketStore, Claim, Decision, DynBucketStore, MAX_TAKES, MemoryStore, Reservation,
-    Take,
+    BucketState, BucketStore, Claim, Decision, DynBucketStore, MAX_TAKES, MemoryStore,
+    OutagePolicy, Reservation, Take,
 };
 
 /// Not part of the stable API: anything here may change or go in any release, patch releases

@@ -14,6 +14,7 @@ use super::headers::FieldVersion;
 use super::observe::DecisionHook;
 use super::rejection::Rejection;
 use crate::cancel::Abandoned;
+use crate::{MemoryStore, OutagePolicy};
 
 pub(crate) type SkipFn = std::sync::Arc<dyn Fn(&Parts) -> bool + Send + Sync>;
 
@@ -42,6 +43,10 @@ pub(crate) struct Config<St> {
     pub(crate) apart: Arc<AtomicBool>,
     /// Reservations of requests dropped while they waited, on their way back.
     pub(crate) abandoned: Abandoned,
+    /// What a request gets when the store fails.
+    pub(crate) outage: OutagePolicy,
+    /// The buckets of [`OutagePolicy::Local`], in this process; shared by the layer's copies.
+    pub(crate) fallback: MemoryStore,
 }
 
 impl<St: Clone> Clone for Config<St> {
@@ -60,6 +65,8 @@ impl<St: Clone> Clone for Config<St> {
             on_decision: self.on_decision.clone(),
             apart: Arc::clone(&self.apart),
             abandoned: self.abandoned.clone(),
+            outage: self.outage,
+            fallback: self.fallback.clone(),
         }
     }
 }

@@ -19,7 +19,8 @@ use super::info::RateLimitInfo;
 use super::observe::{DecisionEvent, Outcome};
 use super::rejection::{self, Protocol};
 use crate::cancel::RefundGuard;
-use crate::{BucketKey, BucketStore, Decision, Limit, RateLimited, StoreError, Take};
+use crate::store::{is_outage, share};
+use crate::{BucketKey, BucketStore, Decision, Limit, OutagePolicy, RateLimited, StoreError, Take};
 
 /// A list kept inline while it holds one item. Most requests meet one rule or two, and a `Vec`
 /// for the single one would be an allocation per request.
@@ -171,7 +172,13 @@ pub(crate) fn decide<St: BucketStore + Clone>(
         {
             // Boxed: the common request meets one rule, and its future stays this small.
             if let Some(verdict) = Box::pin(together(&config, all)).await {
-                return verdict;
+                return match verdict {
+                    Verdict::Reject(Refusal {
+                        config,
+                        why: Why::Failed(e),
+                    }) => Box::pin(on_outage(config, all, e)).await,
+                    verdict => verdict,
+                };
             }
         }
         // Made on the first tokens it must hold, so that a request that goes at once on one
@@ -241,9 +248,85 @@ pub(crate) fn decide<St: BucketStore + Clone>(
             // refund future held inline would make every request's future larger.
             Box::pin(guard.refund_all()).await;
         }
-        let why = refuse(&config, plan, taken.as_slice(), p, outcome);
-        Verdict::Reject(Refusal { config, why })
+        match refuse(&config, plan, taken.as_slice(), p, outcome) {
+            // Boxed, as the refund above: only a store's failure gets here.
+            Why::Failed(e) => Box::pin(on_outage(config, plan, e)).await,
+            why => Verdict::Reject(Refusal { config, why }),
+        }
     }
+}
+
+/// The verdict when the store failed with `e`, after everything taken was given back: the
+/// layer's [`OutagePolicy`]'s answer when `e` is an outage, else the failure (a 503, or a 500 for
+/// a misconfigured rule).
+///
+/// Under [`OutagePolicy::Local`], every enforcing rule decides on the layer's fallback buckets,
+/// in this process, all at once (or none), with its share of its limit and without waiting; a
+/// shadow rule is not asked. A rule whose share holds no token, or fallback buckets that cannot
+/// decide, leave the failure as it was.
+async fn on_outage<St: BucketStore + Clone>(
+    config: Arc<Config<St>>,
+    plan: &[RuleTake],
+    e: StoreError,
+) -> Verdict<St> {
+    let failed = |config, e| {
+        Verdict::Reject(Refusal {
+            config,
+            why: Why::Failed(e),
+        })
+    };
+    if !is_outage(&e) {
+        return failed(config, e);
+    }
+    let processes = match config.outage {
+        OutagePolicy::Local { processes } => processes,
+        OutagePolicy::FailOpen => {
+            tracing::debug!("rate limit store failed: admitted under FailOpen");
+            return Verdict::Admit {
+                wait: Duration::ZERO,
+                guard: None,
+                ratelimit: None,
+                info: None,
+            };
+        }
+        _ => return failed(config, e),
+    };
+    let enforcing: Vec<usize> = (0..plan.len())
+        .filter(|&n| !(config.shadow || config.rules[plan[n].rule].shadow))
+        .collect();
+    let mut takes = Vec::with_capacity(enforcing.len());
+    for &n in &enforcing {
+        let Some(limit) = share(plan[n].limit, processes) else {
+            return failed(config, e);
+        };
+        takes.push(Take::new(&plan[n].key, limit, plan[n].cost));
+    }
+    let decisions = match config.fallback.acquire_all(&takes, Duration::ZERO).await {
+        Ok(decisions) if decisions.len() == enforcing.len() => decisions,
+        _ => return failed(config, e),
+    };
+    drop(takes);
+    tracing::debug!(
+        rules = enforcing.len(),
+        "rate limit store failed: decided in this process"
+    );
+    let mut taken: Vec<Taken> = enforcing
+        .into_iter()
+        .zip(decisions)
+        .map(|(planned, decision)| Taken { planned, decision })
+        .collect();
+    if taken.iter().all(|t| t.decision.is_admitted()) {
+        return admit(&config, plan, &taken, Duration::ZERO, None);
+    }
+    let refusing = (0..taken.len())
+        .rev()
+        .max_by_key(|&k| taken[k].decision.retry_after())
+        .unwrap_or(0);
+    let refused = taken.remove(refusing);
+    let p = &plan[refused.planned];
+    observe(&config, p, Outcome::Limited, &refused.decision);
+    let why = reject(&config, plan, &taken, p, &refused.decision);
+    Verdict::Reject(Refusal { config, why })
 }
 
 /// Two enforcing rules or more: their tokens taken by one store call, from every rule's bucket

@@ -116,9 +116,9 @@ impl KeyExtractor {
 
     /// The value of header `name`, such as `x-api-key` or `authorization`. The value is hashed
     /// (a plain SHA-256) before it becomes part of a store key, and never logged. Requests
-    /// without the header, or with an empty one, are not limited by the rule (the first one logs
-    /// a warning unless [`Rule::on_missing_key`] chose [`MissingKey::Pass`];
-    /// [`MissingKey::Reject`] answers them `400`).
+    /// without the header, or with an empty one, are answered `400` by default (the first one
+    /// logs a warning); [`Rule::on_missing_key`]`(`[`MissingKey::Pass`]`)` lets them through
+    /// unlimited by the rule, for a rule beside another that limits anonymous requests.
     ///
     /// A plain hash is what anyone who reads the store can compute from a guess: for a secret
     /// (an API key, `Authorization: Basic`, whose value is a password), use
@@ -192,6 +192,12 @@ impl KeyExtractor {
             }
             Kind::Header(..) | Kind::Custom(_) => StatusCode::BAD_REQUEST,
         }
+    }
+
+    /// Whether the key is a header's, which the client sends: such a rule refuses a request
+    /// without it unless told otherwise.
+    pub(super) fn is_header(&self) -> bool {
+        matches!(self.kind, Kind::Header(..))
     }
 
     pub(super) fn name(&self) -> &'static str {

@@ -11,7 +11,7 @@ use super::headers::{self, FieldVersion};
 use super::observe::DecisionEvent;
 use super::rejection::{Rejection, RejectionBody};
 use super::{RateLimit, Rule};
-use crate::{BucketStore, RateLimited};
+use crate::{BucketStore, MemoryStore, OutagePolicy, RateLimited};
 
 /// Applies [`Rule`]s to every request of the wrapped service. See the [module docs](super).
 ///
@@ -41,6 +41,8 @@ impl<St: BucketStore + Clone> RateLimitLayer<St> {
                 on_decision: None,
                 apart: Arc::default(),
                 abandoned: Default::default(),
+                outage: OutagePolicy::LOCAL,
+                fallback: MemoryStore::new(),
             }),
         }
     }
@@ -62,6 +64,21 @@ impl<St: BucketStore + Clone> RateLimitLayer<St> {
     #[must_use]
     pub fn max_wait(mut self, max_wait: Duration) -> Self {
         Arc::make_mut(&mut self.config).max_wait = max_wait;
+        self
+    }
+
+    /// What a request gets when the store fails (unreachable, timed out, or behind an open
+    /// circuit breaker): by default [`OutagePolicy::LOCAL`], a decision on buckets in this
+    /// process with each rule's whole limit, so that the limiter is not the outage; with `N`
+    /// processes behind one Redis, at most `N` times the limit gets through while it is away.
+    /// [`OutagePolicy::Local`] with the number of processes shares the limit out instead,
+    /// [`OutagePolicy::FailClosed`] answers `503` and [`OutagePolicy::FailOpen`] lets every
+    /// request through. A `RedisStore` whose own policy is not `FailClosed` answers the outage
+    /// itself, and the layer never sees it. See the [module docs](crate::layer), "When the
+    /// store fails".
+    #[must_use]
+    pub fn on_outage(mut self, policy: OutagePolicy) -> Self {
+        Arc::make_mut(&mut self.config).outage = policy;
         self
     }
 

@@ -56,10 +56,14 @@ pub struct Rule {
 /// What a [`Rule`] does with a request its extractor finds no key for, chosen with
 /// [`Rule::on_missing_key`].
 ///
-/// Until one is chosen, such a request passes and the first one logs a `tracing` warning naming
-/// the rule: a rule that finds no key limits nothing, which for
-/// [`KeyExtractor::peer_ip`] on a server that does not provide the peer's address is a
-/// misconfiguration nobody would otherwise notice.
+/// Until one is chosen, a rule keyed on a header ([`KeyExtractor::header`],
+/// [`KeyExtractor::keyed_header`]) refuses such a request (`400`, as [`Reject`](Self::Reject)):
+/// the header is the client's to send, and leaving it out must not be a way around the limit.
+/// Under any other extractor it passes, and the first one logs a `tracing` warning naming the
+/// rule: a rule that finds no key limits nothing, which for [`KeyExtractor::peer_ip`] on a
+/// server that does not provide the peer's address is a misconfiguration nobody would
+/// otherwise notice, and a [`from_fn`](KeyExtractor::from_fn) that returns no key is how a
+/// rule applies to some requests only.
 ///
 /// ```
 /// use burstgate::Limit;
@@ -119,7 +123,8 @@ impl Rule {
     }
 
     /// What the rule does with a request its extractor finds no key for (see [`MissingKey`]).
-    /// Until this is called, such a request passes and the first one logs a warning.
+    /// Until this is called, a rule keyed on a header refuses such a request with `400`, and
+    /// any other passes it; either way the first one logs a warning.
     #[must_use]
     pub fn on_missing_key(self, missing: MissingKey) -> Self {
         Self {
@@ -234,6 +239,13 @@ impl Rule {
         }
         match self.missing {
             Some(MissingKey::Pass) => Plan::Skip,
+            // A header's key is the client's to send: leaving it out must not be the way
+            // around the limit.
+            None if self.key.is_header() => {
+                self.warn_once("requests without one are refused (the default for a header)");
+                tracing::debug!(bucket = self.bucket(), "no rate limit key; refused");
+                Plan::Refuse(self.key.missing_status())
+            }
             None => {
                 self.warn_once("requests without one are not limited by this rule");
                 Plan::Skip

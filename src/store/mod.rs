@@ -48,6 +48,7 @@ use crate::{BucketKey, Limit};
 mod decision;
 mod dyn_store;
 mod memory;
+mod outage;
 mod sharding;
 mod take;
 #[cfg(feature = "redis")]
@@ -57,6 +58,11 @@ pub use decision::{BucketState, Claim, Decision, Reservation};
 pub(crate) use dyn_store::BoxFuture;
 pub use dyn_store::DynBucketStore;
 pub use memory::MemoryStore;
+pub use outage::OutagePolicy;
+#[cfg(feature = "tower")]
+pub(crate) use outage::is_outage;
+#[cfg(any(feature = "tower", feature = "redis"))]
+pub(crate) use outage::share;
 pub use take::{MAX_TAKES, Take};
 pub(crate) use take::{check_cost, check_takes, check_tokens};
 
@@ -66,7 +72,7 @@ mod redis;
 pub use self::redis::raw;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-pub use self::redis::{Breaker, OutagePolicy, RedisStore};
+pub use self::redis::{Breaker, RedisStore};
 
 /// A place that keeps token buckets and decides on them atomically.
 ///

@@ -44,8 +44,11 @@ fn layer(
     )
 }
 
+/// A request without the key draws from the other rules alone.
 fn per_key() -> Rule {
-    Rule::new("per-key", fast(), KeyExtractor::header(API_KEY)).expect("a valid rule")
+    Rule::new("per-key", fast(), KeyExtractor::header(API_KEY))
+        .expect("a valid rule")
+        .on_missing_key(burstgate::layer::MissingKey::Pass)
 }
 
 /// `(name, [(key, value)])` of each item of a `RateLimit` or `RateLimit-Policy` field, as an

@@ -224,8 +224,9 @@ mod cases {
             );
         }
         assert_eq!(get_with(&client, &server.url, Some("k2")).await.status, 429);
-        // No key: the rule does not apply.
-        assert_eq!(get_with(&client, &server.url, None).await.status, 200);
+        // No key: refused, since the header is the client's to send, and the key's budget is
+        // untouched.
+        assert_eq!(get_with(&client, &server.url, None).await.status, 400);
         drop(client);
         server.stop().await;
     }

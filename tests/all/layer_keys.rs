@@ -164,7 +164,7 @@ async fn a_rule_that_finds_no_key_warns_once_instead_of_limiting_nothing_in_sile
         };
         assert_eq!(call(svc, anonymous()).await.status(), StatusCode::OK);
     }
-    // Passing is still the default (a rule's users may rely on it), but now it is said.
+    // Passing is the default for an address the server provides, but it is said.
     assert_eq!(calls.load(Ordering::SeqCst), 100);
     let logged = log.warnings();
     assert_eq!(logged.len(), 1, "{logged:?}");
@@ -172,7 +172,8 @@ async fn a_rule_that_finds_no_key_warns_once_instead_of_limiting_nothing_in_sile
     assert!(logged[0].contains("extractor=\"peer_ip\""), "{logged:?}");
     assert!(!logged[0].contains("s3cret"), "{logged:?}");
 
-    // A header rule says it too, once, and never shows what the request carried.
+    // A header rule refuses by default, and says so once, never showing what the request
+    // carried.
     let mut by_key = RateLimitLayer::new(MemoryStore::new().with_clock(TokioClock::new()))
         .rule(Rule::new("per-key", one_per_minute, KeyExtractor::header(API_KEY)).expect("a rule"))
         .layer(counting(&calls));
@@ -180,11 +181,20 @@ async fn a_rule_that_finds_no_key_warns_once_instead_of_limiting_nothing_in_sile
         let mut req = anonymous();
         req.headers_mut()
             .insert(API_KEY, http::HeaderValue::from_static(""));
-        assert_eq!(call(&mut by_key, req).await.status(), StatusCode::OK);
+        assert_eq!(
+            call(&mut by_key, req).await.status(),
+            StatusCode::BAD_REQUEST
+        );
     }
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        100,
+        "none reached the service"
+    );
     let logged = log.warnings();
     assert_eq!(logged.len(), 2, "{logged:?}");
     assert!(logged[1].contains("bucket=\"per-key\""), "{logged:?}");
+    assert!(logged[1].contains("refused"), "{logged:?}");
     assert!(!logged[1].contains("s3cret"), "{logged:?}");
 }
 

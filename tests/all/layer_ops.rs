@@ -302,7 +302,8 @@ async fn axum_handlers_extract_the_decision() {
     async fn maybe(info: Option<RateLimitInfo>) -> String {
         format!("{:?}", info.map(|i| i.remaining()))
     }
-    let layer = RateLimitLayer::new(store()).rule(per_key(limit(1, 3)));
+    let per_key = per_key(limit(1, 3)).on_missing_key(burstgate::layer::MissingKey::Pass);
+    let layer = RateLimitLayer::new(store()).rule(per_key);
     let app = Router::new()
         .route("/quota", get(quota))
         .route("/maybe", get(maybe))

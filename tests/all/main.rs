@@ -27,6 +27,7 @@ mod layer_fields;
 mod layer_http;
 mod layer_keys;
 mod layer_ops;
+mod layer_outage;
 mod middleware;
 mod middleware_batch;
 mod middleware_feedback;

@@ -63,7 +63,7 @@ fn route() -> Route {
 
 fn limiter() -> OnTokioTime {
     let clock = TokioClock::new();
-    RateLimitMiddleware::new(MemoryStore::new().with_clock(clock.clone()))
+    RateLimitMiddleware::new(MemoryStore::new().with_clock(clock))
         .with_clock(clock)
         .route(route())
 }

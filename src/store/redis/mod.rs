@@ -42,10 +42,10 @@ mod reconnect;
 mod script;
 mod wire;
 
+use crate::store::OutagePolicy;
 pub use breaker::Breaker;
 use breaker::Circuit;
 use deny_cache::DenyCache;
-pub use outage::OutagePolicy;
 use reconnect::Reconnect;
 use wire::{FORMAT, RedisKey};
 

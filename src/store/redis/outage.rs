@@ -2,7 +2,6 @@
 //! each policy answers. The circuit breaker that lets it answer at once while Redis is down is in
 //! `breaker.rs`.
 
-use std::num::NonZeroU32;
 use std::sync::PoisonError;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -14,54 +13,8 @@ use super::wire::{Args, Op};
 use crate::bucket::{self, Verdict};
 use crate::clock::Clock;
 use crate::store::{BucketStore, Decision, Reservation, Source, StoreError, Take};
+use crate::store::{OutagePolicy, share};
 use crate::{BucketKey, Limit};
-
-/// What a [`RedisStore`](super::RedisStore) answers when Redis cannot decide: the call failed, it
-/// timed out, or the circuit breaker is open.
-///
-/// The policy applies only to Redis being unreachable or failing. A bad cost is always an error,
-/// and so is a key that holds something other than a bucket ([`StoreError::WrongType`]): those
-/// are mistakes to fix, not outages to ride out.
-///
-/// The default is [`FailClosed`](Self::FailClosed). A limiter exists to keep a budget, and only
-/// failing closed keeps it whatever happens: the tower layer answers 503 and the middleware
-/// returns an error, so nothing goes out that the shared budget did not admit. Choose
-/// [`FailOpen`](Self::FailOpen) when the limiter protects something that would rather take
-/// unlimited traffic than none, and [`Local`](Self::Local) when each process can be trusted with a
-/// fixed share of the budget while it cannot reach the others.
-///
-/// [`StoreError::WrongType`]: crate::StoreError::WrongType
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum OutagePolicy {
-    /// Every call returns the error: [`StoreError::Backend`](crate::StoreError::Backend), or
-    /// [`StoreError::Unavailable`](crate::StoreError::Unavailable) while the breaker is open.
-    #[default]
-    FailClosed,
-    /// [`acquire`](crate::BucketStore::acquire) admits at once, reporting zero tokens remaining,
-    /// and logs a warning; [`peek`](crate::BucketStore::peek), [`refund`](crate::BucketStore::refund)
-    /// and [`drain_until`](crate::BucketStore::drain_until) still return the error, since there is
-    /// nothing true they could answer or change.
-    FailOpen,
-    /// Every call goes to a bucket in this process's memory with the same rate and burst divided
-    /// by `processes` (rounded down): with that many processes sharing the Redis budget, together
-    /// they never admit more than the budget, even while none of them can reach Redis. A request
-    /// whose cost is above the local share is refused as under `FailClosed`.
-    ///
-    /// One budget across the switches: while Redis decides on a key, its local bucket is kept
-    /// empty, so an outage starts from nothing refilled since the last one; and before Redis
-    /// decides again on a key this process admitted locally, Redis's bucket for it is emptied, as
-    /// its refill during the outage was spent here. A key first used during an outage starts
-    /// with its full share of the burst. So across any number of outages and recoveries a bucket
-    /// admits at most one budget plus one share of the burst (`docs/PERFORMANCE.md`, "When Redis
-    /// fails", has a measured run). The cost is on the safe side: emptying Redis's bucket after one
-    /// process's outage takes from the others what Redis refilled meanwhile, and a refund goes
-    /// only to the bucket that gave the tokens.
-    Local {
-        /// How many processes share the budget.
-        processes: NonZeroU32,
-    },
-}
 
 impl<C, K> RedisStore<C, K>
 where
@@ -269,20 +222,6 @@ where
             }
         }
     }
-}
-
-/// A limit's share for one of `processes`: the same tokens over `processes` times the interval,
-/// and the burst divided (rounded down). `None` when the share holds no whole token, or its
-/// interval is out of range.
-fn share(limit: Limit, processes: NonZeroU32) -> Option<Limit> {
-    let n = processes.get();
-    if n == 1 {
-        return Some(limit);
-    }
-    let interval = limit.interval().checked_mul(n)?;
-    Limit::new(limit.tokens(), interval)
-        .and_then(|l| l.with_burst(limit.burst() / n))
-        .ok()
 }
 
 #[cfg(test)]

@@ -3,6 +3,8 @@
 //! rejections.
 
 use super::*;
+use burstgate::OutagePolicy;
+use burstgate::layer::MissingKey;
 
 #[tokio::test(start_paused = true)]
 async fn a_burst_of_ten_admits_ten_then_answers_429_with_the_draft_fields() {
@@ -176,7 +178,7 @@ async fn the_policy_field_names_only_the_rules_that_applied() {
         .expect("a valid limit");
     let mut svc = RateLimitLayer::new(store)
         .rule(global(small))
-        .rule(per_key(orders()))
+        .rule(per_key(orders()).on_missing_key(MissingKey::Pass))
         .rule(Rule::new("all", orders(), KeyExtractor::global()).expect("a valid rule"))
         .layer(counting(&Arc::new(AtomicUsize::new(0))));
 
@@ -229,11 +231,12 @@ async fn a_refused_requests_ratelimit_field_counts_refunded_tokens_as_unspent() 
 
 #[cfg(feature = "redis")]
 #[tokio::test]
-async fn a_failing_store_answers_503_without_calling_the_inner_service() {
+async fn a_failing_store_answers_503_without_calling_the_inner_service_when_failing_closed() {
     let store = burstgate::RedisStore::new(FailingConnection);
     let (inner, mut handle) = mock::pair::<Req, Res>();
     let mut svc = RateLimitLayer::new(store)
-        .rule(per_key(orders()))
+        .rule(per_key(orders()).on_missing_key(MissingKey::Pass))
+        .on_outage(OutagePolicy::FailClosed)
         .layer(inner);
     let res = call(&mut svc, request(Some("k1"), "0")).await;
     assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
@@ -272,6 +275,85 @@ async fn a_failing_store_answers_503_without_calling_the_inner_service() {
 
 #[cfg(feature = "redis")]
 use crate::support::failing_connection::FailingConnection;
+
+/// What the mock behind a layer on a store that always fails answered: the statuses of
+/// `requests` requests for key `k1`, and how many reached the inner service.
+#[cfg(feature = "redis")]
+async fn while_the_store_fails(
+    layer: RateLimitLayer<FailingStore>,
+    requests: usize,
+) -> (Vec<u16>, usize) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let mut svc = layer.layer(counting(&calls));
+    let mut statuses = Vec::new();
+    for n in 0..requests {
+        let res = call(&mut svc, request(Some("k1"), &n.to_string())).await;
+        statuses.push(res.status().as_u16());
+    }
+    (statuses, calls.load(Ordering::SeqCst))
+}
+
+#[cfg(feature = "redis")]
+type FailingStore = burstgate::RedisStore<FailingConnection>;
+
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn a_failing_store_is_answered_from_the_layers_own_buckets_by_default() {
+    let layer =
+        RateLimitLayer::new(burstgate::RedisStore::new(FailingConnection)).rule(per_key(orders()));
+    let (statuses, calls) = while_the_store_fails(layer, 12).await;
+    let mut expected = vec![200; 10];
+    expected.extend([429, 429]);
+    assert_eq!(
+        statuses, expected,
+        "the rule's whole burst in this process, then 429"
+    );
+    assert_eq!(calls, 10);
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn a_failing_store_is_answered_from_a_share_of_the_limit_for_several_processes() {
+    let processes = std::num::NonZeroU32::new(4).expect("non-zero");
+    let layer = RateLimitLayer::new(burstgate::RedisStore::new(FailingConnection))
+        .rule(per_key(orders()))
+        .on_outage(OutagePolicy::Local { processes });
+    let (statuses, calls) = while_the_store_fails(layer, 4).await;
+    // A burst of 10 over 4 processes: 2 each.
+    assert_eq!(statuses, [200, 200, 429, 429]);
+    assert_eq!(calls, 2);
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn a_failing_store_under_fail_open_lets_every_request_through() {
+    let layer = RateLimitLayer::new(burstgate::RedisStore::new(FailingConnection))
+        .rule(per_key(orders()))
+        .on_outage(OutagePolicy::FailOpen);
+    let (statuses, calls) = while_the_store_fails(layer, 12).await;
+    assert_eq!(statuses, [200; 12]);
+    assert_eq!(calls, 12);
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn the_fallback_takes_several_rules_all_or_none_and_asks_no_shadow_rule() {
+    let small = Limit::per_minute(1)
+        .and_then(|l| l.with_burst(3))
+        .expect("a limit");
+    let layer = RateLimitLayer::new(burstgate::RedisStore::new(FailingConnection))
+        .rule(per_key(orders()))
+        .rule(global(small))
+        .rule(
+            Rule::new("watch", small, KeyExtractor::global())
+                .expect("a rule")
+                .shadow(true),
+        );
+    let (statuses, calls) = while_the_store_fails(layer, 5).await;
+    // The global rule's 3, then 429: the per-key rule's bucket kept what the refused took.
+    assert_eq!(statuses, [200, 200, 200, 429, 429]);
+    assert_eq!(calls, 3);
+}
 
 #[tokio::test(start_paused = true)]
 async fn a_cost_of_zero_or_above_the_burst_answers_500() {

@@ -3,6 +3,7 @@
 //! rule without a key does not apply.
 
 use super::*;
+use burstgate::layer::MissingKey;
 
 #[tokio::test(start_paused = true)]
 async fn a_request_refused_by_a_later_rule_spends_nothing_from_the_earlier_ones() {
@@ -355,7 +356,7 @@ async fn a_request_dropped_while_the_store_answers_leaves_its_tokens_spent() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_rule_whose_extractor_finds_no_key_does_not_apply() {
+async fn a_header_rule_refuses_a_request_without_its_key_unless_told_to_pass_it() {
     let store = MemoryStore::new().with_clock(TokioClock::new());
     let one = Limit::per_minute(1).expect("a valid limit");
     let (inner, handle) = mock::pair::<Req, Res>();
@@ -363,8 +364,24 @@ async fn a_rule_whose_extractor_finds_no_key_does_not_apply() {
     let mut svc = RateLimitLayer::new(store.clone())
         .rule(per_key(one))
         .layer(inner);
+    // By default, no header or an empty one is a bad request: leaving the header out is no way
+    // around the limit.
+    let mut empty = request(None, "1");
+    empty
+        .headers_mut()
+        .insert(API_KEY, HeaderValue::from_static(""));
+    for req in [request(None, "0"), empty] {
+        assert_eq!(call(&mut svc, req).await.status(), StatusCode::BAD_REQUEST);
+    }
+    assert!(seen(&mut reached).is_empty());
 
-    // No header, or an empty one: no rule applies, nothing is limited, no field is added.
+    let (inner, handle) = mock::pair::<Req, Res>();
+    let mut reached = answer(handle);
+    let mut svc = RateLimitLayer::new(store.clone())
+        .rule(per_key(one).on_missing_key(MissingKey::Pass))
+        .layer(inner);
+
+    // Told to pass: no rule applies, nothing is limited, no field is added.
     for n in 0..5 {
         let res = call(&mut svc, request(None, &n.to_string())).await;
         assert_eq!(res.status(), StatusCode::OK);
@@ -387,7 +404,7 @@ async fn a_rule_whose_extractor_finds_no_key_does_not_apply() {
 
     // Beside a global rule, a request without a key draws from the global bucket alone.
     let mut svc = RateLimitLayer::new(store)
-        .rule(per_key(one))
+        .rule(per_key(one).on_missing_key(MissingKey::Pass))
         .rule(global(orders()))
         .layer(counting(&Arc::new(AtomicUsize::new(0))));
     let res = call(&mut svc, request(None, "8")).await;
