@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::fmt::Write as _;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, PoisonError, RwLock};
 
 use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
@@ -288,13 +288,16 @@ impl BucketKey {
     /// A short hash of the identity (12 hex digits), to tell keys apart in logs without
     /// showing them: an escaped key is still the caller's key, an IP address or an account.
     ///
-    /// The hash is keyed with a random salt drawn once per process, so a reader of the logs
-    /// cannot recover a key by hashing every candidate (every IPv4 address, say). The same key
-    /// has the same fingerprint for the life of the process, and a different one in another
-    /// process or after a restart: correlate across hosts by bucket name and time, not by
-    /// fingerprint.
+    /// The hash is keyed, so a reader of the logs cannot recover a key by hashing every
+    /// candidate (every IPv4 address, say). Its key is derived from the application's
+    /// [`KeySecret`] once the process has one ([`KeySecret::key_fingerprints`], which
+    /// `KeyExtractor::keyed_header` and `RateLimitMiddleware::key_secret` call for the first
+    /// secret they are given): then the same key has the same fingerprint in every process that
+    /// shares the secret, across restarts, and in the `burstgate` command-line tool given the
+    /// secret. Without a secret the hash is keyed with a salt drawn once per process, and
+    /// fingerprints match only within the process.
     pub fn fingerprint(&self) -> String {
-        let mut mac = fingerprint_salt().clone();
+        let mut mac = fingerprint_key();
         mac.update(self.id.as_bytes());
         let digest = mac.finalize().into_bytes();
         let mut out = String::with_capacity(12);
@@ -336,16 +339,47 @@ pub(crate) fn random_bytes() -> [u8; 32] {
     bytes
 }
 
-/// The process's fingerprint key, drawn from the operating system's random source the first time
-/// a fingerprint is asked for.
-fn fingerprint_salt() -> &'static HmacSha256 {
-    static SALT: OnceLock<HmacSha256> = OnceLock::new();
-    SALT.get_or_init(|| {
-        let salt = random_bytes();
+/// The process's fingerprint key: derived from a [`KeySecret`] once one was given for it, or a
+/// salt drawn from the operating system's random source the first time a fingerprint is asked
+/// for before that.
+fn fingerprint_key() -> HmacSha256 {
+    {
+        let held = FINGERPRINT_KEY
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some((mac, _)) = held.as_ref() {
+            return mac.clone();
+        }
+    }
+    let mut held = FINGERPRINT_KEY
+        .write()
+        .unwrap_or_else(PoisonError::into_inner);
+    let (mac, _) = held.get_or_insert_with(|| {
         // An HMAC accepts a key of any length.
-        HmacSha256::new_from_slice(&salt).unwrap_or_else(|_| HmacSha256::new(&Default::default()))
-    })
+        let salt = HmacSha256::new_from_slice(&random_bytes())
+            .unwrap_or_else(|_| HmacSha256::new(&Default::default()));
+        (salt, FingerprintKey::Salt)
+    });
+    mac.clone()
 }
+
+/// Where the process's fingerprint key came from.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum FingerprintKey {
+    /// Drawn at random: no secret was given for fingerprints yet.
+    Salt,
+    /// The first secret a front end was given.
+    FirstSecret,
+    /// A secret given with [`KeySecret::key_fingerprints`].
+    Chosen,
+}
+
+static FINGERPRINT_KEY: RwLock<Option<(HmacSha256, FingerprintKey)>> = RwLock::new(None);
+
+/// The key of the HMAC under which a secret's fingerprint key is derived from it (as the
+/// signing key is): never a MAC made with the secret itself, whose outputs for chosen inputs
+/// are written into the store as keys.
+const FINGERPRINT_KEY_LABEL: &[u8] = b"burstgate fingerprint key, version 1";
 
 /// An application secret that keys the hashes of secret keys: see [`BucketKey::keyed`],
 /// `KeyExtractor::keyed_header` (feature `tower`) and `RateLimitMiddleware::key_secret`
@@ -370,6 +404,9 @@ pub struct KeySecret {
     /// into Redis in clear, and so can be had for any chosen input. The middleware signs its
     /// tickets with it.
     signing: Arc<HmacSha256>,
+    /// The key fingerprints are made under once this secret keys them, derived as `signing`
+    /// is, under a label of its own.
+    fingerprint: Arc<[u8; 32]>,
 }
 
 /// The key of the HMAC under which a secret's signing key is derived from it. Its text names
@@ -391,9 +428,16 @@ impl KeySecret {
             HmacSha256::new_from_slice(&derive.finalize().into_bytes())
                 .map_err(|_| InvalidKey::ShortSecret)?
         };
+        let fingerprint = {
+            let mut derive = HmacSha256::new_from_slice(FINGERPRINT_KEY_LABEL)
+                .map_err(|_| InvalidKey::ShortSecret)?;
+            derive.update(secret);
+            derive.finalize().into_bytes().into()
+        };
         Ok(Self {
             mac: Arc::new(mac),
             signing: Arc::new(signing),
+            fingerprint: Arc::new(fingerprint),
         })
     }
 
@@ -401,6 +445,42 @@ impl KeySecret {
         let mut mac = HmacSha256::clone(&self.mac);
         mac.update(key);
         mac.finalize().into_bytes().into()
+    }
+
+    /// Keys the fingerprints this process writes from now on ([`BucketKey::fingerprint`], in
+    /// logs, errors and the decisions it reports) with a key derived from this secret, so that
+    /// every process sharing the secret, and the `burstgate` command-line tool given it, shows
+    /// the same client by the same fingerprint, across restarts; without the secret a
+    /// fingerprint still reveals nothing. `KeyExtractor::keyed_header` and
+    /// `RateLimitMiddleware::key_secret` do this for the first secret they are given, unless a
+    /// secret was chosen here; call it for a process that has several secrets, or whose keys
+    /// are not secret but whose fingerprints should still match across processes.
+    pub fn key_fingerprints(&self) {
+        self.set_fingerprint_key(FingerprintKey::Chosen);
+    }
+
+    /// Keys fingerprints with this secret unless a secret keys them already: what a front end
+    /// does with the secret it is given.
+    #[cfg_attr(not(any(feature = "tower", feature = "reqwest")), allow(dead_code))]
+    pub(crate) fn offer_for_fingerprints(&self) {
+        self.set_fingerprint_key(FingerprintKey::FirstSecret);
+    }
+
+    fn set_fingerprint_key(&self, how: FingerprintKey) {
+        let mut held = FINGERPRINT_KEY
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        // A front end's secret replaces only the random salt; a chosen one replaces any.
+        let settled = how == FingerprintKey::FirstSecret
+            && held
+                .as_ref()
+                .is_some_and(|(_, from)| *from != FingerprintKey::Salt);
+        if settled {
+            return;
+        }
+        if let Ok(mac) = HmacSha256::new_from_slice(self.fingerprint.as_slice()) {
+            *held = Some((mac, how));
+        }
     }
 
     /// A fresh HMAC under the signing key derived from this secret, to sign or verify with.

@@ -171,3 +171,36 @@ fn bad_names_and_empty_keys_are_refused() {
         Ok("orders".into())
     );
 }
+
+/// Keyed with a secret, a fingerprint is a function of the secret and the key alone: the same in
+/// every process and after a restart, which is what lets the command-line tool, given the secret,
+/// name a client as the application's logs do. A front end's secret does not replace a chosen one.
+#[test]
+fn a_fingerprint_keyed_with_a_secret_depends_on_the_secret_and_the_key_alone() {
+    let secret = KeySecret::new(b"the application's secret, 32 b..").expect("a secret");
+    secret.key_fingerprints();
+    let key = BucketKey::new("orders", "seller-42").expect("a key");
+    let expected = {
+        let mut derive = HmacSha256::new_from_slice(FINGERPRINT_KEY_LABEL).expect("any length");
+        derive.update(b"the application's secret, 32 b..");
+        let derived = derive.finalize().into_bytes();
+        let mut mac = HmacSha256::new_from_slice(&derived).expect("any length");
+        mac.update(key.as_str().as_bytes());
+        let mut out = String::new();
+        push_hex(&mut out, &mac.finalize().into_bytes()[..6]);
+        out
+    };
+    assert_eq!(key.fingerprint(), expected);
+    assert_eq!(key.fingerprint().len(), 12);
+
+    let other = KeySecret::new(b"another secret of 16 bytes or more").expect("a secret");
+    other.offer_for_fingerprints();
+    assert_eq!(
+        key.fingerprint(),
+        expected,
+        "the chosen secret still keys them"
+    );
+    other.key_fingerprints();
+    assert_ne!(key.fingerprint(), expected, "a secret chosen later does");
+    secret.key_fingerprints();
+}

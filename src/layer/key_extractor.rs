@@ -132,7 +132,8 @@ impl KeyExtractor {
     /// Like [`header`](Self::header), but the value is stored as its HMAC-SHA256 under `secret`
     /// ([`BucketKey::keyed`]): a reader of the store, or of a backup of it, can neither read
     /// the value nor test guesses against it. Every process sharing the buckets must use the
-    /// same secret.
+    /// same secret. Unless another secret keys them already, it also keys the process's key
+    /// fingerprints ([`KeySecret::key_fingerprints`]), so that they match across processes.
     ///
     /// ```
     /// use burstgate::{KeySecret, Limit};
@@ -150,6 +151,7 @@ impl KeyExtractor {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn keyed_header(name: HeaderName, secret: KeySecret) -> Self {
+        secret.offer_for_fingerprints();
         Self {
             kind: Kind::Header(name, Some(secret)),
         }

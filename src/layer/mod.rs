@@ -41,3 +41,4 @@ pub use self::observe::{DecisionEvent, Outcome};
 pub use self::proxies::{ForwardedHeader, InvalidProxy, TrustedProxies};
 pub use self::rule::{MissingKey, Rule};
 pub use self::service::RateLimit;
+pub use crate::pattern::InvalidPath;

@@ -10,6 +10,7 @@ use http::{HeaderValue, StatusCode};
 use super::headers;
 use super::key_extractor::KeyExtractor;
 use super::observe::RuleObserver;
+use crate::pattern::{InvalidPath, Pattern};
 use crate::{BucketKey, BucketName, InvalidKey, InvalidName, Limit};
 
 /// One limit of a [`RateLimitLayer`](super::RateLimitLayer): a bucket name, the [`Limit`], a
@@ -51,6 +52,8 @@ pub struct Rule {
     warned: Arc<AtomicBool>,
     /// The rule's log gates and metrics, shared by its clones for the same reason.
     pub(crate) observer: Arc<RuleObserver>,
+    /// The requests it applies to, when not all: a method and a path pattern.
+    pattern: Option<Pattern>,
 }
 
 /// What a [`Rule`] does with a request its extractor finds no key for, chosen with
@@ -119,6 +122,56 @@ impl Rule {
             missing: None,
             warned: Arc::new(AtomicBool::new(false)),
             observer: Arc::new(RuleObserver::new()),
+            pattern: None,
+        })
+    }
+
+    /// Applies the rule only to requests with this method (by default, every method).
+    ///
+    /// ```
+    /// use burstgate::Limit;
+    /// use burstgate::layer::{KeyExtractor, RateLimitLayer, Rule};
+    /// use burstgate::MemoryStore;
+    /// use http::Method;
+    ///
+    /// // Per client address: 5 logins a minute, 50 searches a second, 1,000 requests a second in
+    /// // all. A login takes from its rule and the overall one at once, or from neither.
+    /// let ip = KeyExtractor::peer_ip;
+    /// let layer = RateLimitLayer::new(MemoryStore::new())
+    ///     .rule(Rule::new("login", Limit::per_minute(5)?, ip())?.method(Method::POST).path("/login")?)
+    ///     .rule(Rule::new("search", Limit::per_second(50)?, ip())?.path("/search/**")?)
+    ///     .rule(Rule::new("all", Limit::per_second(1_000)?, ip())?);
+    /// # let _ = layer;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use]
+    pub fn method(self, method: http::Method) -> Self {
+        let pattern = self.pattern.unwrap_or_else(Pattern::any).method(method);
+        Self {
+            pattern: Some(pattern),
+            ..self
+        }
+    }
+
+    /// Applies the rule only to requests whose path matches `pattern` (by default, every
+    /// path), matched as the reqwest middleware's routes match theirs: segment by segment,
+    /// `*` any one segment, a final `**` any rest, on the path normalized so that another
+    /// spelling of it (`%6Frders`, `/a/./b`, `//`, a trailing slash) is the same path, while an
+    /// encoded slash (`%2F`) never splits a segment; case is significant, the query ignored.
+    /// A request the pattern does not match is not the rule's: no tokens, no field, no key
+    /// asked for.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidPath`] unless `pattern` starts with `/`.
+    pub fn path(self, pattern: &str) -> Result<Self, InvalidPath> {
+        let mut path = Pattern::path(pattern).ok_or_else(|| InvalidPath::new(pattern))?;
+        if let Some(method) = self.pattern.as_ref().and_then(Pattern::method_of) {
+            path = path.method(method.clone());
+        }
+        Ok(Self {
+            pattern: Some(path),
+            ..self
         })
     }
 
@@ -232,6 +285,11 @@ impl Rule {
 
     /// What the rule makes of a request: its bucket, cost and limit, or why it has none.
     pub(crate) fn plan(&self, parts: &Parts) -> Plan {
+        if let Some(pattern) = &self.pattern
+            && !pattern.matches(&parts.method, None, parts.uri.path())
+        {
+            return Plan::Skip;
+        }
         if let Some(key) = self.key.extract(&self.bucket, parts) {
             let cost = self.cost.as_ref().map_or(1, |f| f(parts));
             let limit = self.dynamic.as_ref().map_or(self.limit, |f| f(parts));
@@ -299,6 +357,7 @@ impl fmt::Debug for Rule {
             )
             .field("shadow", &self.shadow)
             .field("missing_key", &self.missing)
+            .field("pattern", &self.pattern)
             .finish()
     }
 }
@@ -322,6 +381,56 @@ mod tests {
                 Plan::Skip | Plan::Refuse(_) => None,
             }
         }
+    }
+
+    /// The cases every matcher built on the shared pattern agrees on, through a rule: a request
+    /// the pattern matches is the rule's, any other is skipped.
+    #[test]
+    fn a_rule_matches_the_shared_pattern_cases() {
+        let limit = Limit::per_second(1).expect("a valid limit");
+        for &(pattern, method, asked, path, expected) in crate::pattern::CASES {
+            let mut rule = Rule::new("r", limit, KeyExtractor::global()).expect("a rule");
+            if let Some(m) = method {
+                rule = rule.method(http::Method::from_bytes(m.as_bytes()).expect("a method"));
+            }
+            let rule = rule.path(pattern).expect("a pattern");
+            let req = http::Request::builder()
+                .method(asked)
+                .uri(format!("http://h{path}?q=1"))
+                .body(())
+                .expect("a request");
+            let applied = rule.plan(&parts(req)).applied().is_some();
+            assert_eq!(
+                applied, expected,
+                "{pattern} {method:?} against {asked} {path}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_path_pattern_must_start_with_a_slash_and_keeps_the_method() {
+        let limit = Limit::per_second(1).expect("a valid limit");
+        let rule = Rule::new("r", limit, KeyExtractor::global()).expect("a rule");
+        let err = rule.clone().path("login").expect_err("no slash");
+        assert_eq!(
+            err.to_string(),
+            "a path pattern must start with '/', got \"login\""
+        );
+        // The method first, then the path: the path keeps it.
+        let post_login = rule
+            .method(http::Method::POST)
+            .path("/login")
+            .expect("a pattern");
+        let ask = |method: http::Method| {
+            let req = http::Request::builder()
+                .method(method)
+                .uri("/login")
+                .body(())
+                .expect("a request");
+            post_login.plan(&parts(req)).applied().is_some()
+        };
+        assert!(ask(http::Method::POST));
+        assert!(!ask(http::Method::GET));
     }
 
     #[test]

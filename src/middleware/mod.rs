@@ -18,7 +18,6 @@ mod follow;
 #[cfg(test)]
 mod fuzz;
 mod observe;
-mod path;
 #[cfg(feature = "retry")]
 mod retry;
 mod retry_after;
@@ -184,9 +183,11 @@ impl<St: BucketStore + Clone, K: Time<St>> RateLimitMiddleware<St, K> {
     /// and [`Account::secret`]) with `secret`: an HMAC-SHA256 (see
     /// [`BucketKey::keyed`](crate::BucketKey::keyed)) instead of a plain SHA-256, which anyone
     /// who reads the store could check guesses against. Every process sharing the buckets must
-    /// use the same secret.
+    /// use the same secret. Unless another secret keys them already, it also keys the process's
+    /// key fingerprints ([`KeySecret::key_fingerprints`]), so that they match across processes.
     #[must_use]
     pub fn key_secret(mut self, secret: KeySecret) -> Self {
+        secret.offer_for_fingerprints();
         let config = Arc::make_mut(&mut self.config);
         config.ticket_secret = secret.clone();
         config.key_secret = Some(secret);

@@ -4,7 +4,7 @@
 use http::Method;
 use std::fmt;
 
-use super::path;
+use crate::pattern::Pattern;
 use crate::{BucketName, InvalidName, Limit};
 
 /// Which requests draw from which bucket: a bucket name, a [`Limit`], and a pattern of method,
@@ -61,9 +61,8 @@ pub struct Route {
     pub(super) bucket_limit: Limit,
     /// Tokens a request costs unless it carries a [`Cost`](super::Cost).
     pub(super) cost: u32,
-    method: Option<Method>,
-    host: Option<String>,
-    path: Vec<Segment>,
+    /// Which requests: method, host and path, matched as the layer's rules match theirs.
+    pattern: Pattern,
 }
 
 /// `limit` with the default margin per token ([`Route::margin`] says why): 1% of the token
@@ -93,13 +92,6 @@ fn with_default_margin(limit: Limit) -> Limit {
     lengthened.unwrap_or(limit)
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Segment {
-    Exact(String),
-    Any,
-    Rest,
-}
-
 impl Route {
     /// Requests whose path matches `path` draw from bucket `bucket` (1 to 64 ASCII letters,
     /// digits, `_`, `.` or `-`), under `limit`, an API's published limit. The path must start
@@ -115,29 +107,13 @@ impl Route {
     /// [`bucket_limit`](Self::bucket_limit) what the bucket runs at.
     pub fn new(bucket: &str, limit: Limit, path: &str) -> Result<Self, InvalidRoute> {
         let bucket = BucketName::checked(bucket).map_err(InvalidRoute::BucketName)?;
-        if !path.starts_with('/') {
-            return Err(InvalidRoute::Path);
-        }
-        let normalized = path::normalize(path);
-        let segments: Vec<&str> = normalized.split('/').filter(|s| !s.is_empty()).collect();
-        let last = segments.len().saturating_sub(1);
-        let path = segments
-            .iter()
-            .enumerate()
-            .map(|(i, s)| match *s {
-                "**" if i == last => Segment::Rest,
-                "*" => Segment::Any,
-                s => Segment::Exact(s.to_owned()),
-            })
-            .collect();
+        let pattern = Pattern::path(path).ok_or(InvalidRoute::Path)?;
         Ok(Self {
             bucket,
             limit,
             bucket_limit: with_default_margin(limit),
             cost: 1,
-            method: None,
-            host: None,
-            path,
+            pattern,
         })
     }
 
@@ -189,7 +165,7 @@ impl Route {
     #[must_use]
     pub fn method(self, method: Method) -> Self {
         Self {
-            method: Some(method),
+            pattern: self.pattern.method(method),
             ..self
         }
     }
@@ -199,9 +175,8 @@ impl Route {
     /// names the same host). No port.
     #[must_use]
     pub fn host(self, host: &str) -> Self {
-        let host = host.strip_suffix('.').unwrap_or(host);
         Self {
-            host: Some(host.to_ascii_lowercase()),
+            pattern: self.pattern.host(host),
             ..self
         }
     }
@@ -245,38 +220,12 @@ impl Route {
     /// Whether a request with this method and URL draws from this route: the test the
     /// middleware makes, in order, for each route.
     pub fn matches_url(&self, method: &Method, url: &reqwest::Url) -> bool {
-        if self.method.as_ref().is_some_and(|m| m != method) {
-            return false;
-        }
-        if let Some(host) = &self.host
-            && !url
-                .host_str()
-                .is_some_and(|h| h.strip_suffix('.').unwrap_or(h).eq_ignore_ascii_case(host))
-        {
-            return false;
-        }
-        self.matches_path(url.path())
+        self.pattern.matches(method, url.host_str(), url.path())
     }
 
+    #[cfg(test)]
     pub(super) fn matches_path(&self, path: &str) -> bool {
-        let path = path::normalize(path);
-        let mut parts = path.split('/').filter(|s| !s.is_empty());
-        for segment in &self.path {
-            match segment {
-                Segment::Rest => return true,
-                Segment::Any => {
-                    if parts.next().is_none() {
-                        return false;
-                    }
-                }
-                Segment::Exact(s) => {
-                    if parts.next() != Some(s.as_str()) {
-                        return false;
-                    }
-                }
-            }
-        }
-        parts.next().is_none()
+        self.pattern.matches_path(path)
     }
 }
 
@@ -310,6 +259,25 @@ mod tests {
 
     use super::*;
     use crate::middleware::fuzz::fuzz_config;
+
+    /// The cases every matcher built on the shared pattern agrees on, through a route.
+    #[test]
+    fn a_route_matches_the_shared_pattern_cases() {
+        let limit = Limit::per_second(1).expect("a limit");
+        for &(pattern, method, asked, path, expected) in crate::pattern::CASES {
+            let mut route = Route::new("r", limit, pattern).expect("a route");
+            if let Some(m) = method {
+                route = route.method(Method::from_bytes(m.as_bytes()).expect("a method"));
+            }
+            let asked_method = Method::from_bytes(asked.as_bytes()).expect("a method");
+            let url = reqwest::Url::parse(&format!("https://h{path}?q=1")).expect("a URL");
+            assert_eq!(
+                route.matches_url(&asked_method, &url),
+                expected,
+                "{pattern} {method:?} against {asked} {path}"
+            );
+        }
+    }
 
     /// The default margin: 1% of the token period, between 1 ms and 10 ms, at most a tenth of
     /// the period; `margin` replaces it, and a margin of zero runs at the published rate.

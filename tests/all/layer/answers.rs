@@ -3,6 +3,7 @@
 //! rejections.
 
 use super::*;
+#[cfg(feature = "redis")]
 use burstgate::OutagePolicy;
 use burstgate::layer::MissingKey;
 

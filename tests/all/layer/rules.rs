@@ -411,3 +411,71 @@ async fn a_header_rule_refuses_a_request_without_its_key_unless_told_to_pass_it(
     assert_eq!(res.status(), StatusCode::OK);
     assert_eq!(header(&res, "ratelimit"), Some("\"global\";r=9;t=60"));
 }
+
+/// One layer with per-route rules beside an overall one: a request takes from every rule its
+/// method and path match, at once or not at all, and from no other.
+#[tokio::test(start_paused = true)]
+async fn per_route_rules_and_an_overall_one_take_together_or_not_at_all() {
+    let store = MemoryStore::new().with_clock(TokioClock::new());
+    let limit = |burst| {
+        Limit::per_minute(1)
+            .and_then(|l| l.with_burst(burst))
+            .expect("a limit")
+    };
+    let calls = Arc::new(AtomicUsize::new(0));
+    let mut svc = RateLimitLayer::new(store.clone())
+        .rule(
+            per_key(limit(2))
+                .method(http::Method::POST)
+                .path("/login")
+                .expect("a pattern"),
+        )
+        .rule(
+            Rule::new("search", limit(5), KeyExtractor::header(API_KEY))
+                .expect("a rule")
+                .path("/search/**")
+                .expect("a pattern"),
+        )
+        .rule(Rule::new("all", limit(4), KeyExtractor::header(API_KEY)).expect("a rule"))
+        .layer(counting(&calls));
+    let to = |method: http::Method, path: &str| {
+        Request::builder()
+            .method(method)
+            .uri(path)
+            .header(API_KEY, "k1")
+            .body(String::new())
+            .expect("a request")
+    };
+    let remaining = async |bucket: &str, burst| {
+        store
+            .peek(&header_bucket(bucket, "k1"), limit(burst))
+            .await
+            .expect("peeks")
+            .remaining()
+    };
+
+    // Two logins: the login rule's burst, and two of the overall one's.
+    for _ in 0..2 {
+        let res = call(&mut svc, to(http::Method::POST, "/login")).await;
+        assert_eq!(res.status(), StatusCode::OK);
+    }
+    assert_eq!(remaining("all", 4).await, 2);
+    // A third is refused by the login rule, and takes nothing from the overall one.
+    let res = call(&mut svc, to(http::Method::POST, "/login")).await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(remaining("all", 4).await, 2);
+    // A GET to /login is not the login rule's; a search takes from the search rule too.
+    let res = call(&mut svc, to(http::Method::GET, "/login")).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let res = call(&mut svc, to(http::Method::GET, "/search/%6Frders")).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(
+        header(&res, "ratelimit"),
+        Some("\"search\";r=4;t=60, \"all\";r=0;t=60")
+    );
+    // The overall rule is spent: a search is refused, and the search rule keeps its tokens.
+    let res = call(&mut svc, to(http::Method::GET, "/search/x")).await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(remaining("search", 5).await, 4);
+    assert_eq!(calls.load(Ordering::SeqCst), 4);
+}
