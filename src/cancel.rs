@@ -32,7 +32,7 @@ use crate::{BucketKey, BucketStore, Limit, Reservation};
 #[cfg(feature = "reqwest")]
 use {
     crate::error::BackendError,
-    crate::{Decision, StoreError, Take},
+    crate::{Audit, Decision, StoreError, Take},
     std::time::Duration,
 };
 
@@ -186,7 +186,7 @@ pub(crate) async fn acquire_detached<St: BucketStore + Clone>(
 pub(crate) async fn acquire_all_detached<St: BucketStore + Clone>(
     store: &St,
     abandoned: &Abandoned,
-    buckets: Vec<(BucketKey, Limit, u32)>,
+    buckets: Vec<(BucketKey, Limit, u32, Option<Audit>)>,
     max_wait: Duration,
 ) -> Result<Vec<Decision>, StoreError> {
     let (tx, rx) = tokio::sync::oneshot::channel();
@@ -194,7 +194,10 @@ pub(crate) async fn acquire_all_detached<St: BucketStore + Clone>(
     tokio::spawn(async move {
         let takes: Vec<Take<'_>> = buckets
             .iter()
-            .map(|(key, limit, cost)| Take::new(key, *limit, *cost))
+            .map(|(key, limit, cost, audit)| match audit {
+                Some(audit) => Take::new(key, *limit, *cost).audited(audit),
+                None => Take::new(key, *limit, *cost),
+            })
             .collect();
         let result = store.acquire_all(&takes, max_wait).await;
         drop(takes);
@@ -202,7 +205,7 @@ pub(crate) async fn acquire_all_detached<St: BucketStore + Clone>(
             let taken = unreceived
                 .iter()
                 .zip(buckets)
-                .filter_map(|(decision, (key, limit, _))| {
+                .filter_map(|(decision, (key, limit, _, _))| {
                     Some((key, limit, decision.reservation()?))
                 })
                 .collect();

@@ -301,13 +301,13 @@ pub use middleware::RateLimitMiddleware;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use redis;
+pub use store::{
+    Audit, BucketState, BucketStore, Claim, Decision, DynBucketStore, MAX_TAKES, MemoryStore,
+    OutagePolicy, Reservation, Take,
+};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use store::{Breaker, RedisStore};
-pub use store::{
-    BucketState, BucketStore, Claim, Decision, DynBucketStore, MAX_TAKES, MemoryStore,
-    OutagePolicy, Reservation, Take,
-};
 
 /// Not part of the stable API: anything here may change or go in any release, patch releases
 /// included. It exists for the tools of this crate's workspace (`tools/`), which speak the

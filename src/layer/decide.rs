@@ -198,10 +198,16 @@ pub(crate) fn decide<St: BucketStore + Clone>(
                 } else {
                     config.max_wait
                 };
-                let result = config
-                    .store
-                    .acquire(&p.key, p.limit, p.cost, max_wait)
-                    .await;
+                let result = match &rule.audit {
+                    None => {
+                        config
+                            .store
+                            .acquire(&p.key, p.limit, p.cost, max_wait)
+                            .await
+                    }
+                    // Boxed: an audited rule is the rare one.
+                    Some(audit) => Box::pin(audited(&config.store, p, audit, max_wait)).await,
+                };
                 match result {
                     Ok(d) if d.is_admitted() => {
                         tracing::debug!(
@@ -353,7 +359,13 @@ async fn together<St: BucketStore + Clone>(
     }
     let takes: Vec<Take<'_>> = enforcing
         .iter()
-        .map(|&n| Take::new(&plan[n].key, plan[n].limit, plan[n].cost))
+        .map(|&n| {
+            let take = Take::new(&plan[n].key, plan[n].limit, plan[n].cost);
+            match &config.rules[plan[n].rule].audit {
+                Some(audit) => take.audited(audit),
+                None => take,
+            }
+        })
         .collect();
     // A request that waits holds every one of its buckets' tokens for its slot, so that each
     // bucket's other requests queue behind it: one client deep in its own rule's queue would
@@ -438,11 +450,16 @@ async fn together<St: BucketStore + Clone>(
         }
     }
     for (n, p) in plan.iter().enumerate().filter(|(_, p)| shadow(p)) {
-        match config
-            .store
-            .acquire(&p.key, p.limit, p.cost, Duration::ZERO)
-            .await
-        {
+        let decided = match &config.rules[p.rule].audit {
+            None => {
+                config
+                    .store
+                    .acquire(&p.key, p.limit, p.cost, Duration::ZERO)
+                    .await
+            }
+            Some(audit) => audited(&config.store, p, audit, Duration::ZERO).await,
+        };
+        match decided {
             Ok(decision) => {
                 if let Some(reservation) = decision.reservation()
                     && (n + 1 < plan.len() || !wait.is_zero())
@@ -463,6 +480,26 @@ async fn together<St: BucketStore + Clone>(
     }
     taken.sort_by_key(|t| t.planned);
     Some(admit(config, plan, &taken, wait, guard))
+}
+
+/// One rule's decision through the several-bucket call, which appends it to the rule's trail.
+async fn audited<St: BucketStore>(
+    store: &St,
+    p: &RuleTake,
+    audit: &crate::Audit,
+    max_wait: Duration,
+) -> Result<Decision, StoreError> {
+    let take = Take::new(&p.key, p.limit, p.cost).audited(audit);
+    store
+        .acquire_all(&[take], max_wait)
+        .await?
+        .pop()
+        .ok_or_else(|| {
+            StoreError::Backend(crate::error::BackendError::new(
+                "the store answered a request on one bucket with no decision",
+                None,
+            ))
+        })
 }
 
 /// The verdict on a request every rule admitted (or a shadow rule would have refused): each

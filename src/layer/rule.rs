@@ -11,7 +11,7 @@ use super::headers;
 use super::key_extractor::KeyExtractor;
 use super::observe::RuleObserver;
 use crate::pattern::{InvalidPath, Pattern};
-use crate::{BucketKey, BucketName, InvalidKey, InvalidName, Limit};
+use crate::{Audit, BucketKey, BucketName, InvalidKey, InvalidName, Limit};
 
 /// One limit of a [`RateLimitLayer`](super::RateLimitLayer): a bucket name, the [`Limit`], a
 /// [`KeyExtractor`] that says whose bucket a request draws from, and the request's cost.
@@ -54,6 +54,8 @@ pub struct Rule {
     pub(crate) observer: Arc<RuleObserver>,
     /// The requests it applies to, when not all: a method and a path pattern.
     pattern: Option<Pattern>,
+    /// The trail of its decisions, when it keeps one.
+    pub(crate) audit: Option<Audit>,
 }
 
 /// What a [`Rule`] does with a request its extractor finds no key for, chosen with
@@ -123,7 +125,21 @@ impl Rule {
             warned: Arc::new(AtomicBool::new(false)),
             observer: Arc::new(RuleObserver::new()),
             pattern: None,
+            audit: None,
         })
+    }
+
+    /// Appends every decision of the rule to its buckets' [`Audit`] trail, in Redis beside each
+    /// bucket, in the same call as the decision (a `RedisStore`'s; other stores keep none): when
+    /// an account's budget ran out, which requests, from which process, took it, and which were
+    /// refused. Read it with `burstgate audit <bucket> [<key>]`. A request the rule decides
+    /// alone then goes through the several-bucket script, which writes the trail.
+    #[must_use]
+    pub fn audit(self, audit: Audit) -> Self {
+        Self {
+            audit: Some(audit),
+            ..self
+        }
     }
 
     /// Applies the rule only to requests with this method (by default, every method).
@@ -358,6 +374,7 @@ impl fmt::Debug for Rule {
             .field("shadow", &self.shadow)
             .field("missing_key", &self.missing)
             .field("pattern", &self.pattern)
+            .field("audit", &self.audit)
             .finish()
     }
 }

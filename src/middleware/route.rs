@@ -5,7 +5,7 @@ use http::Method;
 use std::fmt;
 
 use crate::pattern::Pattern;
-use crate::{BucketName, InvalidName, Limit};
+use crate::{Audit, BucketName, InvalidName, Limit};
 
 /// Which requests draw from which bucket: a bucket name, a [`Limit`], and a pattern of method,
 /// host and path.
@@ -63,6 +63,8 @@ pub struct Route {
     pub(super) cost: u32,
     /// Which requests: method, host and path, matched as the layer's rules match theirs.
     pattern: Pattern,
+    /// The trail of its decisions, when it keeps one.
+    pub(super) audit: Option<Audit>,
 }
 
 /// `limit` with the default margin per token ([`Route::margin`] says why): 1% of the token
@@ -114,6 +116,7 @@ impl Route {
             bucket_limit: with_default_margin(limit),
             cost: 1,
             pattern,
+            audit: None,
         })
     }
 
@@ -157,6 +160,18 @@ impl Route {
     pub fn cost(self, tokens: std::num::NonZeroU32) -> Self {
         Self {
             cost: tokens.get(),
+            ..self
+        }
+    }
+
+    /// Appends every decision on the route's buckets to their [`Audit`] trail, in Redis beside
+    /// each bucket, in the same call as the decision (a `RedisStore`'s; other stores keep none):
+    /// which requests, from which process, spent a shared budget, and which were refused. Read it
+    /// with `burstgate audit <bucket> [<key>]`.
+    #[must_use]
+    pub fn audit(self, audit: Audit) -> Self {
+        Self {
+            audit: Some(audit),
             ..self
         }
     }

@@ -64,15 +64,30 @@ where
         )
     }
 
-    /// Takes the request's tokens on a task of its own (the cancellation rule, `crate::cancel`).
-    async fn acquire(
-        &self,
-        key: &BucketKey,
-        limit: Limit,
-        cost: u32,
-        max_wait: Duration,
-    ) -> Result<Decision, StoreError> {
-        acquire_detached(&self.store, &self.abandoned, key, limit, cost, max_wait).await
+    /// Takes the request's tokens of one route's bucket on a task of its own (the cancellation
+    /// rule, `crate::cancel`): an audited route's through the several-bucket call, which writes
+    /// its trail.
+    async fn acquire(&self, t: &RouteTake<'_>, max_wait: Duration) -> Result<Decision, StoreError> {
+        let Some(audit) = &t.route.audit else {
+            return acquire_detached(
+                &self.store,
+                &self.abandoned,
+                &t.key,
+                t.limit,
+                t.cost,
+                max_wait,
+            )
+            .await;
+        };
+        let bucket = vec![(t.key.clone(), t.limit, t.cost, Some(audit.clone()))];
+        let mut decisions =
+            acquire_all_detached(&self.store, &self.abandoned, bucket, max_wait).await?;
+        decisions.pop().ok_or_else(|| {
+            StoreError::Backend(BackendError::new(
+                "the store answered a request on one bucket with no decision",
+                None,
+            ))
+        })
     }
 
     /// The takes of the routes that match a request: a [`Cost`] on the request applies to each,
@@ -120,7 +135,7 @@ where
     ) -> reqwest_middleware::Result<Vec<Decision>> {
         if let [one] = takes {
             let decision = self
-                .acquire(&one.key, one.limit, one.cost, max_wait)
+                .acquire(one, max_wait)
                 .await
                 .map_err(reqwest_middleware::Error::middleware)?;
             return Ok(vec![decision]);
@@ -130,7 +145,7 @@ where
         }
         let buckets = takes
             .iter()
-            .map(|t| (t.key.clone(), t.limit, t.cost))
+            .map(|t| (t.key.clone(), t.limit, t.cost, t.route.audit.clone()))
             .collect();
         let decisions = acquire_all_detached(&self.store, &self.abandoned, buckets, max_wait)
             .await
@@ -169,7 +184,7 @@ where
             let mut guard = RefundGuard::new(self.store.clone(), &self.abandoned);
             let mut decisions = Vec::with_capacity(takes.len());
             for t in takes {
-                let decision = match self.acquire(&t.key, t.limit, t.cost, Duration::ZERO).await {
+                let decision = match self.acquire(t, Duration::ZERO).await {
                     Ok(decision) => decision,
                     Err(e) => {
                         guard.refund_all().await;

@@ -45,12 +45,14 @@ pub(crate) use crate::error::BackendError;
 pub(crate) use crate::error::StoreError;
 use crate::{BucketKey, Limit};
 
+mod audit;
 mod decision;
 mod dyn_store;
 mod memory;
 mod outage;
 mod sharding;
 mod take;
+pub use audit::Audit;
 #[cfg(feature = "redis")]
 pub(crate) use decision::Source;
 pub use decision::{BucketState, Claim, Decision, Reservation};

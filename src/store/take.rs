@@ -3,7 +3,7 @@
 
 #[cfg(doc)]
 use super::BucketStore;
-use super::StoreError;
+use super::{Audit, StoreError};
 use crate::bucket::PerBucket;
 use crate::{BucketKey, Limit};
 
@@ -17,12 +17,28 @@ pub struct Take<'a> {
     key: &'a BucketKey,
     limit: Limit,
     cost: u32,
+    audit: Option<&'a Audit>,
 }
 
 impl<'a> Take<'a> {
     /// `cost` tokens of `key`'s bucket, under `limit`.
     pub fn new(key: &'a BucketKey, limit: Limit, cost: u32) -> Self {
-        Self { key, limit, cost }
+        Self {
+            key,
+            limit,
+            cost,
+            audit: None,
+        }
+    }
+
+    /// The same take, its decision appended to the bucket's [`Audit`] trail (a `RedisStore`'s;
+    /// other stores keep none).
+    #[must_use]
+    pub fn audited(self, audit: &'a Audit) -> Self {
+        Self {
+            audit: Some(audit),
+            ..self
+        }
     }
 
     /// The bucket.
@@ -38,6 +54,11 @@ impl<'a> Take<'a> {
     /// The tokens the request takes from it.
     pub fn cost(&self) -> u32 {
         self.cost
+    }
+
+    /// The trail its decision goes to, if any.
+    pub fn audit(&self) -> Option<&'a Audit> {
+        self.audit
     }
 }
 

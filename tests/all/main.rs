@@ -15,6 +15,7 @@
 mod support;
 
 mod admin;
+mod audit;
 mod bad_input;
 mod clock_skew;
 mod cluster;

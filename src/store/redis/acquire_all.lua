@@ -4,11 +4,16 @@
 -- differential test will tell if they still agree to the last bit.
 --
 -- KEYS     the buckets, 1 to 16 of them, all distinct (the store checks; on a Redis Cluster
---          they must share a hash slot)
--- ARGV[1]  struct.pack('<dd', now, max_wait) followed, for each key in order, by
+--          they must share a hash slot), then the audit streams of the audited ones, if any
+-- ARGV[1]  struct.pack('<dd', now, max_wait) followed, for each bucket in order, by
 --          struct.pack('<dddddd', tokens, interval, capacity, cost, lead, most_debt): the
 --          limit, the request's cost there, and the limit's lead bound and most debt, as in
---          bucket.lua
+--          bucket.lua. Its length says how many of the keys are buckets
+-- ARGV[2]  with audit streams only: for each stream in order, struct.pack('<ddd', bucket,
+--          cap, retain) followed by the bucket key's fingerprint (12 bytes): the stream's
+--          bucket by its place among the buckets, from 1, the entries it keeps and how long it
+--          is kept after the last (ms)
+-- ARGV[3..] with audit streams only: each stream's process label, in order
 -- Errors   name the key by its place in KEYS, from 1: 'WRONGTYPE burstgate: the value at key 2
 --          ...' and 'BURSTGATE_CORRUPT burstgate: the value at key 2 ...'
 -- Returns  one string: for each key in order, struct.pack('<ddddddd', allowed, wait, remaining,
@@ -28,8 +33,11 @@ local MAX_TIME = 9007199254740991
 local MAX_WAIT = 17592186044416
 local MAX_TOKENS = 4294967296
 
-local n = #KEYS
-if #ARGV[1] ~= 16 + 48 * n then
+local n = (#ARGV[1] - 16) / 48
+local audits = #KEYS - n
+if not (n >= 1 and n % 1 == 0 and audits >= 0 and audits <= n
+    and #ARGV == (audits > 0 and 2 + audits or 1)
+    and (audits == 0 or #ARGV[2] == 36 * audits)) then
   return redis.error_reply('burstgate: the arguments do not match the keys')
 end
 local now, max_wait = struct.unpack('<dd', ARGV[1])
@@ -101,6 +109,17 @@ for i = 1, n do
     held = stored and ts or -1}
 end
 
+-- An audit stream someone else wrote refuses the request before anything is written, as a
+-- bucket would: an append failing after the decision was written would report an error for
+-- tokens already taken.
+for j = 1, audits do
+  local kind = redis.call('TYPE', KEYS[n + j])['ok']
+  if kind ~= 'stream' and kind ~= 'none' then
+    local i = struct.unpack('<d', ARGV[2], 1 + 36 * (j - 1))
+    return redis.error_reply('WRONGTYPE burstgate: the value at key ' .. string.format('%d', i) .. ' has an audit stream that is not a stream')
+  end
+end
+
 -- A stored time moved back is stored at once, even on a denial, kept by the first estimate of
 -- the refill time, with no halt (bucket.lua's own move).
 for i = 1, n do
@@ -122,7 +141,30 @@ for i = 1, n do
   if b[i].wait > request_wait then request_wait = b[i].wait end
 end
 
+-- Appends each audited bucket's decision to its stream, in the same call as the decision, so
+-- the trail holds exactly what was decided: refused, or admitted now or after a wait, with the
+-- wait and the tokens left (lefts), kept to its cap and expiring retain after the last entry.
+local function audit(allowed, lefts)
+  for j = 1, audits do
+    local at = 1 + 36 * (j - 1)
+    local i, cap, retain = struct.unpack('<ddd', ARGV[2], at)
+    local k = b[i]
+    local outcome, wait = 'refused', k.wait
+    if allowed then
+      wait = request_wait
+      outcome = wait > 0 and 'waited' or 'admitted'
+    end
+    local stream = KEYS[n + j]
+    redis.call('XADD', stream, 'MAXLEN', string.format('%d', cap), '*',
+      't', string.format('%d', now), 'o', outcome, 'c', string.format('%d', k.cost),
+      'w', string.format('%d', wait), 'r', string.format('%d', lefts[i]),
+      'k', string.sub(ARGV[2], at + 24, at + 35), 'p', ARGV[2 + j])
+    redis.call('PEXPIRE', stream, string.format('%d', retain))
+  end
+end
+
 local reply = {}
+local lefts = {}
 if not (request_wait <= max_wait) then
   for i = 1, n do
     local k = b[i]
@@ -132,7 +174,9 @@ if not (request_wait <= max_wait) then
     local reset = ready_at(k.t, k.ts, k.capacity, k.tokens, k.interval) - k.ts2
     if not (reset > 0) then reset = 0 end
     reply[i] = struct.pack('<ddddddd', 0, k.wait, left, reset, k.ts2, k.t, k.held)
+    lefts[i] = left
   end
+  if audits > 0 then audit(false, lefts) end
   return table.concat(reply)
 end
 
@@ -167,5 +211,7 @@ for i = 1, n do
   local left = 0
   if t2 > 0 then left = t2 - t2 % 1 end
   reply[i] = struct.pack('<ddddddd', 1, request_wait, left, full - ts2, ts2, t2, ts2)
+  lefts[i] = left
 end
+if audits > 0 then audit(true, lefts) end
 return table.concat(reply)

@@ -127,7 +127,9 @@ where
         // Drops the entries if this call goes away before Redis answers: they took the
         // request's parts ahead of Redis, which may never see the call.
         let mut charged = None;
-        if let Some(cache) = &self.deny {
+        // An audited request asks Redis every time, so that its refusals are in the trail too.
+        let audited = takes.iter().any(|t| t.audit().is_some());
+        if let Some(cache) = self.deny.as_ref().filter(|_| !audited) {
             match cache.check_all(takes, now, max_wait_ms) {
                 CheckAll::Deny(outcomes) => {
                     #[cfg(feature = "metrics")]

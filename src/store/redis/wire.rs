@@ -375,16 +375,50 @@ pub(super) fn command_all(
         4 + takes.len(),
         name.len() + script.len() + 3 + 270 * takes.len() + packed.len(),
     );
-    cmd.arg(name).arg(script).arg(takes.len());
+    let audited = takes.iter().filter(|t| t.audit().is_some()).count();
+    cmd.arg(name).arg(script).arg(takes.len() + audited);
     for take in takes {
         cmd.arg(redis_key_arg(RedisKey {
             prefix,
             key: take.key(),
         }));
     }
+    for take in takes.iter().filter(|t| t.audit().is_some()) {
+        cmd.arg(audit_key(prefix, take.key()));
+    }
     cmd.arg(packed);
+    if audited > 0 {
+        let mut records = Vec::with_capacity(36 * audited);
+        for (place, take) in takes.iter().enumerate() {
+            let Some(audit) = take.audit() else { continue };
+            for v in [
+                (place + 1) as f64,
+                f64::from(audit.cap().get()),
+                // Whole milliseconds within 2^53, exact in a double.
+                audit.retain_ms().min(crate::bucket::MAX_TIME) as f64,
+            ] {
+                records.extend_from_slice(&v.to_le_bytes());
+            }
+            records.extend_from_slice(take.key().fingerprint().as_bytes());
+        }
+        cmd.arg(records);
+        for take in takes {
+            if let Some(audit) = take.audit() {
+                cmd.arg(audit.process_label());
+            }
+        }
+    }
     cmd
 }
+
+/// The audit stream beside a bucket's key: `<prefix>:audit:v1:<bucket>:{<key>}`, with the same
+/// hash tag, so in the same Redis Cluster slot.
+pub(super) fn audit_key(prefix: &str, key: &crate::BucketKey) -> String {
+    [prefix, AUDIT_PART, key.bucket(), ":{", key.caller(), "}"].concat()
+}
+
+/// The part of an audit stream's key after the prefix and before the bucket name.
+const AUDIT_PART: &str = ":audit:v1:";
 
 /// What the several-bucket script answered for one bucket.
 #[derive(Debug, Clone, Copy, PartialEq)]
