@@ -728,3 +728,51 @@ async fn every_sample_of_a_clock_is_answered_by_the_node_of_its_key() {
     assert_eq!(by_node.iter().sum::<u64>(), by_node[to], "{by_node:?}");
     drop(clock);
 }
+
+/// An audited take on a Cluster: the stream shares its bucket's hash tag, so the script writes
+/// both on the bucket's primary, for keys spread over every primary.
+#[tokio::test]
+#[ignore = "slow tier: run by .ci/run with --ignored"]
+async fn an_audit_stream_sits_in_its_buckets_slot_on_every_primary() {
+    let cluster = redis_cluster::shared();
+    let store = store(cluster, ManualClock::new(START)).await;
+    let prefix = prefix_of(&store);
+    let audit = burstgate::Audit::new(std::num::NonZeroU32::new(10).expect("not zero"));
+    let l = limit(1, 60_000, 1);
+    let mut slots = HashSet::new();
+    for i in 0..30 {
+        let k = key("audited", format!("account-{i}"));
+        for _ in 0..2 {
+            let takes = [Take::new(&k, l, 1).audited(&audit)];
+            let _ = store.acquire_all(&takes, ZERO).await.expect("decided");
+        }
+        let bucket = store.redis_key(&k);
+        let caller = bucket
+            .split_once(":{")
+            .map(|(_, rest)| rest)
+            .expect("a hash tag");
+        let stream = format!("{prefix}:audit:v1:audited:{{{caller}");
+        assert_eq!(
+            cluster.slot_of(&stream).expect("a slot"),
+            cluster.slot_of(&bucket).expect("a slot")
+        );
+        slots.insert(cluster.slot_of(&bucket).expect("a slot"));
+        let outcomes: Vec<String> = {
+            let mut conn = cluster.connection().await;
+            let raw: Vec<(String, HashMap<String, String>)> = redis::cmd("XRANGE")
+                .arg(&stream)
+                .arg("-")
+                .arg("+")
+                .query_async(&mut conn)
+                .await
+                .expect("XRANGE");
+            raw.into_iter().map(|(_, f)| f["o"].clone()).collect()
+        };
+        assert_eq!(outcomes, ["admitted", "refused"], "{stream}");
+    }
+    assert!(
+        slots.len() > 10,
+        "keys spread over many slots: {}",
+        slots.len()
+    );
+}
