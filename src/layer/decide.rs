@@ -316,7 +316,7 @@ async fn on_outage<St: BucketStore + Clone>(
         rules = enforcing.len(),
         "rate limit store failed: decided in this process"
     );
-    let mut taken: Vec<Taken> = enforcing
+    let taken: Vec<Taken> = enforcing
         .into_iter()
         .zip(decisions)
         .map(|(planned, decision)| Taken { planned, decision })
@@ -324,14 +324,7 @@ async fn on_outage<St: BucketStore + Clone>(
     if taken.iter().all(|t| t.decision.is_admitted()) {
         return admit(&config, plan, &taken, Duration::ZERO, None);
     }
-    let refusing = (0..taken.len())
-        .rev()
-        .max_by_key(|&k| taken[k].decision.retry_after())
-        .unwrap_or(0);
-    let refused = taken.remove(refusing);
-    let p = &plan[refused.planned];
-    observe(&config, p, Outcome::Limited, &refused.decision);
-    let why = reject(&config, plan, &taken, p, &refused.decision);
+    let why = refused_together(&config, plan, taken);
     Verdict::Reject(Refusal { config, why })
 }
 
@@ -413,16 +406,7 @@ async fn together<St: BucketStore + Clone>(
         .map(|(&planned, decision)| Taken { planned, decision })
         .collect();
     if !taken[0].decision.is_admitted() {
-        // The rule whose time is furthest off refused (the first of equal ones); the others
-        // are reported with what they hold, untouched.
-        let refusing = (0..taken.len())
-            .rev()
-            .max_by_key(|&k| taken[k].decision.retry_after())
-            .unwrap_or(0);
-        let refused = taken.remove(refusing);
-        let p = &plan[refused.planned];
-        observe(config, p, Outcome::Limited, &refused.decision);
-        let why = reject(config, plan, &taken, p, &refused.decision);
+        let why = refused_together(config, plan, taken);
         return Some(Verdict::Reject(Refusal {
             config: Arc::clone(config),
             why,
@@ -480,6 +464,19 @@ async fn together<St: BucketStore + Clone>(
     }
     taken.sort_by_key(|t| t.planned);
     Some(admit(config, plan, &taken, wait, guard))
+}
+
+/// Why rules decided at once refused a request: the rule whose time is furthest off refused
+/// (the first of equal ones), reported; the others are reported with what they hold, untouched.
+fn refused_together<St>(config: &Config<St>, plan: &[RuleTake], mut taken: Vec<Taken>) -> Why {
+    let refusing = (0..taken.len())
+        .rev()
+        .max_by_key(|&k| taken[k].decision.retry_after())
+        .unwrap_or(0);
+    let refused = taken.remove(refusing);
+    let p = &plan[refused.planned];
+    observe(config, p, Outcome::Limited, &refused.decision);
+    reject(config, plan, &taken, p, &refused.decision)
 }
 
 /// One rule's decision through the several-bucket call, which appends it to the rule's trail.
