@@ -360,6 +360,58 @@ fn named_fields_follow_the_drafts() {
 }
 
 #[test]
+fn an_items_partition_is_its_keys_fingerprint_never_the_key() {
+    let l = limit(10, 1000, 3);
+    let (d, _) = after(l, 0, 0);
+    let key = BucketKey::new("per-key", "sk_live_secret").expect("a key");
+    let other = BucketKey::new("per-key", "another client").expect("a key");
+    // The fingerprint's bytes. Another test may change the process's fingerprint key meanwhile:
+    // a reading taken between two equal ones is under the key both were.
+    let item = loop {
+        let before = key.fingerprint_bytes();
+        let item = Item::admitted("per-key", &d).partition(&key);
+        if key.fingerprint_bytes() == before {
+            assert_eq!(item.partition, Some(before));
+            break item;
+        }
+    };
+    let second = Item::admitted("global", &d).partition(&other);
+    let pk_of = |entry: &ListEntry| match entry {
+        ListEntry::Item(i) => i
+            .params
+            .get("pk")
+            .and_then(|v| v.as_byte_sequence())
+            .map(<[u8]>::to_vec),
+        ListEntry::InnerList(_) => None,
+    };
+    for version in [FieldVersion::Draft11, FieldVersion::Draft10] {
+        // The one-rule path and the general one write the same item.
+        let one = ratelimit(version, [item].into_iter()).expect("a field");
+        let two = ratelimit(version, [item, second].into_iter()).expect("a field");
+        for field in [&one, &two] {
+            let text = field.to_str().expect("ASCII");
+            assert!(
+                !text.contains("secret") && !text.contains("another"),
+                "{text}"
+            );
+            // A Byte Sequence holding the fingerprint's bytes.
+            let parsed: sfv::List = Parser::new(field.as_bytes()).parse().expect("a list");
+            assert_eq!(pk_of(&parsed[0]), item.partition.map(Vec::from), "{text}");
+        }
+        assert!(
+            one.to_str()
+                .is_ok_and(|t| t.starts_with("\"per-key\";r=2;t=1;pk=:") && t.ends_with(':')),
+            "{one:?}"
+        );
+        let parsed: sfv::List = Parser::new(two.as_bytes()).parse().expect("a list");
+        assert_eq!(pk_of(&parsed[1]), second.partition.map(Vec::from));
+    }
+    // Base64 of six bytes, two groups of three, no padding.
+    assert_eq!(&partition_key([0, 0, 0, 0xff, 0xff, 0xff]), b"AAAA////");
+    assert_eq!(&partition_key(*b"burstg"), b"YnVyc3Rn");
+}
+
+#[test]
 fn draft06_fields_describe_the_limit_closest_to_exhaustion() {
     let a = limit(10, 1000, 3);
     let b = limit(1, 60_000, 10);
