@@ -179,19 +179,21 @@ impl StdError for InvalidLimit {}
 pub enum ParseLimitError {
     /// The text was empty, or blank.
     Empty,
-    /// The text had no `/` between its tokens and its interval.
+    /// The text had neither `/` nor `per` between its tokens and its interval.
     NoSlash,
-    /// The tokens, before the `/`, were not a whole number from 0 to `u32::MAX`.
+    /// The tokens, before the `/` or `per`, were not a whole number from 0 to `u32::MAX`.
     Tokens {
         /// The tokens as written.
         text: String,
     },
-    /// The interval, after the `/`, was not an optional whole number followed by a unit.
+    /// The interval, after the `/` or `per`, was not an optional whole number followed by a
+    /// unit.
     Interval {
         /// The interval as written.
         text: String,
     },
-    /// The interval's unit was none of `ms`, `s`, `min` and `h`.
+    /// The interval's unit was none of `ms`, `s`, `min`, `h` and `d`, nor of the words
+    /// `millisecond`, `second`, `minute`, `hour` and `day` (singular or plural).
     Unit {
         /// The unit as written.
         unit: String,
@@ -210,7 +212,7 @@ impl fmt::Display for ParseLimitError {
         match self {
             Self::Empty => f.write_str("a limit's text must not be empty"),
             Self::NoSlash => f.write_str(
-                "a limit's text must be <tokens>/<interval>, as in \"10/s burst 20\", and has no '/'",
+                "a limit's text must be <tokens>/<interval> or <tokens> per <interval>, as in \"10/s burst 20\" or \"1 per minute\", and has neither",
             ),
             Self::Tokens { text } => write!(
                 f,
@@ -219,11 +221,11 @@ impl fmt::Display for ParseLimitError {
             ),
             Self::Interval { text } => write!(
                 f,
-                "a limit's interval must be a whole number and a unit (ms, s, min or h), as in \"2s\", got {text:?}"
+                "a limit's interval must be a whole number and a unit (ms, s, min, h or d), as in \"2s\" or \"2 hours\", got {text:?}"
             ),
             Self::Unit { unit } => write!(
                 f,
-                "a limit's interval unit must be ms, s, min or h, got {unit:?}"
+                "a limit's interval unit must be ms, s, min, h or d, or millisecond, second, minute, hour or day (or their plurals), got {unit:?}"
             ),
             Self::Burst { text } => write!(
                 f,

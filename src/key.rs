@@ -297,11 +297,19 @@ impl BucketKey {
     /// secret. Without a secret the hash is keyed with a salt drawn once per process, and
     /// fingerprints match only within the process.
     pub fn fingerprint(&self) -> String {
+        let mut out = String::with_capacity(12);
+        push_hex(&mut out, &self.fingerprint_bytes());
+        out
+    }
+
+    /// The six bytes [`fingerprint`](Self::fingerprint) writes in hex: what the layer's
+    /// `RateLimit` field names a partition by, so that it and the logs agree.
+    pub(crate) fn fingerprint_bytes(&self) -> [u8; 6] {
         let mut mac = fingerprint_key();
         mac.update(self.id.as_bytes());
         let digest = mac.finalize().into_bytes();
-        let mut out = String::with_capacity(12);
-        push_hex(&mut out, &digest[..6]);
+        let mut out = [0; 6];
+        out.copy_from_slice(&digest[..6]);
         out
     }
 }

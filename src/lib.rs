@@ -54,11 +54,14 @@
 //! A [`Limit`] is `tokens` per `interval` with a bucket of `burst` tokens (by default `burst ==
 //! tokens`). The bucket starts full, admits `burst` requests at once, and refills continuously
 //! at `tokens / interval`. Build one with [`Limit::per_second`], [`Limit::per_minute`],
-//! [`Limit::per_hour`] or [`Limit::new`], and set the burst with [`Limit::with_burst`];
-//! [`Limit::published`] takes the three columns an API's documentation usually prints (period,
-//! limit, burst). Every constructor validates its input and returns [`InvalidLimit`] for zero
-//! tokens, a zero burst, an interval that is zero or not a whole number of milliseconds, or a
-//! limit so slow its arithmetic would lose precision, so nothing can go wrong at request time.
+//! [`Limit::per_hour`], [`Limit::per_day`] or [`Limit::new`], and set the burst with
+//! [`Limit::with_burst`]; [`Limit::published`] takes the three columns an API's documentation
+//! usually prints (period, limit, burst). A limit also reads from text, as a configuration file
+//! writes it: `"10/s burst 20"`, `"1 per minute burst 10"`, `"100/hour"` (the
+//! [grammar](Limit#text)). Every constructor validates its input and returns [`InvalidLimit`]
+//! for zero tokens, a zero burst, an interval that is zero or not a whole number of
+//! milliseconds, or a limit so slow its arithmetic would lose precision, so nothing can go wrong
+//! at request time.
 //!
 //! A request may cost more than one token. A cost of zero, or above the burst, could never be
 //! served, so the store answers it at once with [`StoreError::ZeroCost`] or

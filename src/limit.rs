@@ -48,21 +48,27 @@ const MAX_SPAN_MS: u128 = 1 << 42;
 ///
 /// ```text
 /// <tokens>/<count><unit>[ burst <burst>]
+/// <tokens> per <count> <unit>[ burst <burst>]
 /// ```
 ///
 /// - `tokens`, `count` and `burst` are whole decimal numbers (ASCII digits only, no sign).
-/// - `count` may be left out, and then is 1: `10/s` is `10/1s`.
-/// - `unit` is one of `ms`, `s`, `min` and `h`, in lower case. No other spelling is accepted:
-///   `m` in particular could be read as minutes or as milliseconds, so it is refused.
+/// - `/` and `per` are the same: `10/minute` is `10 per minute`. `per` stands between blanks.
+/// - `count` may be left out, and then is 1: `10/s` is `10/1s`, `1 per day` is `1 per 1 day`.
+/// - `unit` is one of `ms`, `s`, `min`, `h` and `d`, or one of the words `millisecond`,
+///   `second`, `minute`, `hour` and `day`, each also in the plural (`2 hours`), in lower case.
+///   No other spelling is accepted: `m` in particular could be read as minutes or as
+///   milliseconds, so it is refused. A day is 24 hours.
 /// - `burst <burst>` may be left out, and then the burst is `tokens`, as with [`Limit::new`].
 /// - Spaces and tabs may stand around each part (`10 / 2 s  burst 20`); `burst` must be
 ///   separated from the unit and from its number by at least one.
 ///
 /// [`FromStr`] parses it, and refuses what it cannot read with a [`ParseLimitError`] that says
 /// what was wrong, or the [`InvalidLimit`] the values themselves broke. [`Display`](fmt::Display)
-/// writes the canonical form, which parses back to the same limit: the largest unit that
-/// divides the interval exactly, the count only when it is not 1, and the burst only when it
-/// differs from `tokens`.
+/// writes the canonical form, which parses back to the same limit: `/`, the largest of `h`,
+/// `min`, `s` and `ms` that divides the interval exactly, the count only when it is not 1, and
+/// the burst only when it differs from `tokens`. Days are read but not written (`1 per day` is
+/// written `1/24h`), which keeps the canonical text of every limit, and what serde stores, as it
+/// was before days were read.
 ///
 /// ```
 /// use std::time::Duration;
@@ -71,6 +77,13 @@ const MAX_SPAN_MS: u128 = 1 << 42;
 /// let orders: Limit = "1/min burst 10".parse()?;
 /// assert_eq!(orders, Limit::per_minute(1)?.with_burst(10)?);
 /// assert_eq!(orders.to_string(), "1/min burst 10");
+///
+/// // As people write them, in their canonical form once written back.
+/// assert_eq!("1 per minute burst 10".parse::<Limit>()?, orders);
+/// assert_eq!("100/hour".parse::<Limit>()?.to_string(), "100/h");
+/// let daily: Limit = "1 per day burst 5".parse()?;
+/// assert_eq!(daily, Limit::per_day(1)?.with_burst(5)?);
+/// assert_eq!(daily.to_string(), "1/24h burst 5");
 ///
 /// // Written in its canonical form: 60 s is a minute, and a burst of `tokens` is the default.
 /// let search: Limit = " 3 / 60s burst 3 ".parse()?;
@@ -139,6 +152,11 @@ impl Limit {
     /// `tokens` per hour, with a burst of `tokens`.
     pub const fn per_hour(tokens: u32) -> Result<Self, InvalidLimit> {
         Self::new(tokens, Duration::from_secs(3600))
+    }
+
+    /// `tokens` per day (24 hours), with a burst of `tokens`.
+    pub const fn per_day(tokens: u32) -> Result<Self, InvalidLimit> {
+        Self::new(tokens, Duration::from_secs(DAY_MS / 1000))
     }
 
     /// A limit in the columns APIs publish: `limit` requests per `period`, with `burst`.
@@ -251,8 +269,31 @@ impl Limit {
     }
 }
 
-/// The units of the text form, largest first: the order `Display` tries them in.
+/// A day in milliseconds: the longest unit the text form reads.
+const DAY_MS: u64 = 86_400_000;
+
+/// The units `Display` writes, largest first: the order it tries them in. No day: see the text
+/// form on [`Limit`].
 const UNITS: [(&str, u64); 4] = [("h", 3_600_000), ("min", 60_000), ("s", 1000), ("ms", 1)];
+
+/// Every spelling of a unit the text form reads, with its milliseconds.
+const SPELLINGS: [(&str, u64); 15] = [
+    ("ms", 1),
+    ("millisecond", 1),
+    ("milliseconds", 1),
+    ("s", 1000),
+    ("second", 1000),
+    ("seconds", 1000),
+    ("min", 60_000),
+    ("minute", 60_000),
+    ("minutes", 60_000),
+    ("h", 3_600_000),
+    ("hour", 3_600_000),
+    ("hours", 3_600_000),
+    ("d", DAY_MS),
+    ("day", DAY_MS),
+    ("days", DAY_MS),
+];
 
 impl fmt::Display for Limit {
     /// The canonical text form (see [`Limit`]): `10/s burst 20`, `1/min burst 10`, `100/h`,
@@ -286,7 +327,7 @@ impl FromStr for Limit {
         if text.is_empty() {
             return Err(ParseLimitError::Empty);
         }
-        let Some((tokens, rest)) = text.split_once('/') else {
+        let Some((tokens, rest)) = split_rate(text) else {
             return Err(ParseLimitError::NoSlash);
         };
         let tokens = tokens.trim_matches(BLANK);
@@ -308,7 +349,7 @@ impl FromStr for Limit {
         } else {
             number::<u64>(count).ok_or_else(bad_interval)?
         };
-        let Some(&(_, unit_ms)) = UNITS.iter().find(|(name, _)| *name == unit) else {
+        let Some(&(_, unit_ms)) = SPELLINGS.iter().find(|(name, _)| *name == unit) else {
             // A word that is no unit is named as such; anything else (`2.5s`, `s/2`, nothing)
             // is an interval that cannot be read.
             return Err(
@@ -349,6 +390,24 @@ impl FromStr for Limit {
 
 /// The blanks the text form allows around its parts.
 const BLANK: [char; 2] = [' ', '\t'];
+
+/// The text before and after the separator of tokens and interval: the first `/`, or the first
+/// `per` that stands between blanks (or first, for a text with no tokens), whichever comes
+/// first. `None` when there is neither.
+fn split_rate(text: &str) -> Option<(&str, &str)> {
+    let word = text.match_indices("per").map(|(at, _)| at).find(|&at| {
+        let before = &text[..at];
+        let after = &text[at + 3..];
+        (before.is_empty() || before.ends_with(BLANK))
+            && (after.is_empty() || after.starts_with(BLANK))
+    });
+    match (text.find('/'), word) {
+        (Some(slash), Some(at)) if at < slash => Some((&text[..at], &text[at + 3..])),
+        (Some(slash), _) => Some((&text[..slash], &text[slash + 1..])),
+        (None, Some(at)) => Some((&text[..at], &text[at + 3..])),
+        (None, None) => None,
+    }
+}
 
 /// A whole decimal number of ASCII digits, without a sign; `None` when empty, not digits, or out
 /// of range.

@@ -45,6 +45,22 @@ fn constructors_agree() {
         Limit::per_hour(5).map(|l| l.interval()),
         Ok(Duration::from_secs(3600))
     );
+    assert_eq!(
+        Limit::per_day(5).map(|l| (l.interval(), l.burst())),
+        Ok((Duration::from_secs(86_400), 5))
+    );
+    assert_eq!(Limit::per_day(0), Err(InvalidLimit::ZeroTokens));
+    // The refill time of a daily limit reaches the ceiling with a burst of about 50,900 days.
+    assert_eq!(
+        Limit::per_day(1)
+            .and_then(|l| l.with_burst(50_903))
+            .map(|l| l.burst()),
+        Ok(50_903)
+    );
+    assert_eq!(
+        Limit::per_day(1).and_then(|l| l.with_burst(50_904)),
+        Err(InvalidLimit::TooSlow)
+    );
 }
 
 #[test]
@@ -113,6 +129,7 @@ const ORDERS: Result<Limit, InvalidLimit> = match Limit::per_minute(1) {
     Err(e) => Err(e),
 };
 const NEVER: Result<Limit, InvalidLimit> = Limit::per_hour(0);
+const DAILY: Result<Limit, InvalidLimit> = Limit::per_day(1000);
 const REFILL: Duration = match ORDERS {
     Ok(l) => l.refill_time(),
     Err(_) => Duration::ZERO,
@@ -123,6 +140,7 @@ fn constructors_are_const() {
     assert_eq!(SEARCH.map(|l| (l.tokens(), l.burst())), Ok((10, 10)));
     assert_eq!(ORDERS, Limit::published(Duration::from_secs(60), 1, 10));
     assert_eq!(NEVER, Err(InvalidLimit::ZeroTokens));
+    assert_eq!(DAILY.map(|l| l.to_string()), Ok("1000/24h".to_owned()));
     assert_eq!(REFILL, Duration::from_secs(600));
     const PUBLISHED: Result<Limit, InvalidLimit> =
         Limit::published(Duration::from_millis(1500), 3, 0);
@@ -164,6 +182,25 @@ fn other_spellings_parse_to_the_canonical_limit() {
         ("2/120min", "2/2h"),
         ("010/0002s", "10/2s"),
         ("1/3600s", "1/h"),
+        // Days, written back in hours.
+        ("1/d", "1/24h"),
+        ("5/2d burst 1", "5/48h burst 1"),
+        ("1/50903d", "1/1221672h"),
+        // Words for units, singular or plural whatever the count.
+        ("100/hour", "100/h"),
+        ("10/2 seconds", "10/2s"),
+        ("10/2seconds", "10/2s"),
+        ("1/minutes", "1/min"),
+        ("3/1500 milliseconds", "3/1500ms"),
+        ("7/1 day", "7/24h"),
+        // `per` for `/`.
+        ("10 per minute", "10/min"),
+        ("1 per day burst 5", "1/24h burst 5"),
+        ("10 per second burst 20", "10/s burst 20"),
+        ("10 per 2 s", "10/2s"),
+        ("\t10\tper\t90 minutes  burst\t1 ", "10/90min burst 1"),
+        ("10 per 60 seconds burst 10", "10/min"),
+        ("10 per s", "10/s"),
     ] {
         let parsed = text.parse::<Limit>().map(|l| l.to_string());
         assert_eq!(parsed.as_deref(), Ok(canonical), "{text:?}");
@@ -178,8 +215,21 @@ fn bad_text_says_what_was_wrong() {
         ("", E::Empty),
         (" \t ", E::Empty),
         ("10", E::NoSlash),
-        ("10 per second", E::NoSlash),
+        ("10 a minute", E::NoSlash),
+        // `per` only between blanks, and in lower case.
+        ("10per minute", E::NoSlash),
+        ("10 persecond", E::NoSlash),
+        ("10 Per minute", E::NoSlash),
+        ("10 PER minute", E::NoSlash),
         ("/s", E::Tokens { text: text("") }),
+        ("per minute", E::Tokens { text: text("") }),
+        ("ten per minute", E::Tokens { text: text("ten") }),
+        (
+            "10 requests per minute",
+            E::Tokens {
+                text: text("10 requests"),
+            },
+        ),
         ("ten/s", E::Tokens { text: text("ten") }),
         ("+10/s", E::Tokens { text: text("+10") }),
         ("-1/s", E::Tokens { text: text("-1") }),
@@ -192,6 +242,11 @@ fn bad_text_says_what_was_wrong() {
         ("1 0/s", E::Tokens { text: text("1 0") }),
         ("10/", E::Interval { text: text("") }),
         ("10/2", E::Interval { text: text("2") }),
+        ("10 per", E::Interval { text: text("") }),
+        ("10 per 2", E::Interval { text: text("2") }),
+        ("10 per 2.5 minutes", E::Interval { text: text("2.5") }),
+        // The first separator splits: what follows a `per` is the interval, slash and all.
+        ("10 per s/2", E::Interval { text: text("s/2") }),
         ("10/2.5s", E::Interval { text: text("2.5s") }),
         ("10/s/2", E::Interval { text: text("s/2") }),
         (
@@ -204,8 +259,25 @@ fn bad_text_says_what_was_wrong() {
         ("10/2m", E::Unit { unit: text("m") }),
         ("10/sec", E::Unit { unit: text("sec") }),
         ("10/S", E::Unit { unit: text("S") }),
-        ("10/hour", E::Unit { unit: text("hour") }),
+        ("10/Hour", E::Unit { unit: text("Hour") }),
+        ("10/D", E::Unit { unit: text("D") }),
+        (
+            "10 per Minute",
+            E::Unit {
+                unit: text("Minute"),
+            },
+        ),
+        ("10/hr", E::Unit { unit: text("hr") }),
+        ("10/dayz", E::Unit { unit: text("dayz") }),
+        ("10 per per minute", E::Unit { unit: text("per") }),
+        ("10/week", E::Unit { unit: text("week") }),
         ("10/s 20", E::Burst { text: text("20") }),
+        (
+            "10 per minute per key",
+            E::Burst {
+                text: text("per key"),
+            },
+        ),
         (
             "10/s burst",
             E::Burst {
@@ -248,13 +320,23 @@ fn bad_text_says_what_was_wrong() {
         ("1/1221680h", E::Limit(InvalidLimit::TooSlow)),
         ("1/18446744073709551615h", E::Limit(InvalidLimit::TooSlow)),
         ("1/h burst 4294967295", E::Limit(InvalidLimit::TooSlow)),
+        ("1/50904d", E::Limit(InvalidLimit::TooSlow)),
+        (
+            "1 per 213503982334601 days",
+            E::Limit(InvalidLimit::TooSlow),
+        ),
+        ("1 per day burst 50904", E::Limit(InvalidLimit::TooSlow)),
+        ("0 per day", E::Limit(InvalidLimit::ZeroTokens)),
     ] {
         assert_eq!(input.parse::<Limit>(), Err(want), "{input:?}");
     }
     let unit = "10/m".parse::<Limit>().err().map(|e| e.to_string());
     assert_eq!(
         unit.as_deref(),
-        Some("a limit's interval unit must be ms, s, min or h, got \"m\"")
+        Some(
+            "a limit's interval unit must be ms, s, min, h or d, or millisecond, second, minute, \
+             hour or day (or their plurals), got \"m\""
+        )
     );
     // The value errors read as `InvalidLimit`'s own.
     let zero = "0/s".parse::<Limit>().err().map(|e| e.to_string());
@@ -275,6 +357,15 @@ fn serde_reads_and_writes_the_text() {
     // Any spelling the parser reads, from a borrowed or an owned string.
     let spaced: Limit = serde_json::from_str(r#"" 1 / 60 s  burst 10""#).expect("reads");
     assert_eq!(spaced, orders);
+    let words: Config =
+        serde_json::from_str(r#"{"limit":"1 per minute burst 10"}"#).expect("reads");
+    assert_eq!(words, config);
+    // Written back in the canonical form, days in hours.
+    let daily = Config::from([("limit".to_owned(), limit(1, 86_400_000, 5))]);
+    let json = serde_json::to_string(&daily).expect("serializes");
+    assert_eq!(json, r#"{"limit":"1/24h burst 5"}"#);
+    let back: Config = serde_json::from_str(r#"{"limit":"1 per day burst 5"}"#).expect("reads");
+    assert_eq!(back, daily);
     let value = serde_json::Value::String("3/1500ms".to_owned());
     let owned: Limit = serde_json::from_value(value).expect("reads");
     assert_eq!(owned, limit(3, 1500, 3));
@@ -283,7 +374,8 @@ fn serde_reads_and_writes_the_text() {
     assert_eq!(
         bad,
         Err(
-            "a limit's interval unit must be ms, s, min or h, got \"m\" at line 1 column 15"
+            "a limit's interval unit must be ms, s, min, h or d, or millisecond, second, minute, \
+             hour or day (or their plurals), got \"m\" at line 1 column 15"
                 .to_owned()
         )
     );
@@ -322,6 +414,66 @@ proptest! {
         };
         let text = l.to_string();
         prop_assert_eq!(text.parse::<Limit>(), Ok(l), "{}", text);
+    }
+}
+
+/// Every way the text form can spell `interval_ms`: a unit that divides it exactly, short or a
+/// word, singular or plural, and a count of 1 written or left out.
+fn spellings(interval_ms: u64) -> Vec<String> {
+    const UNITS: [(u64, [&str; 3]); 5] = [
+        (1, ["ms", "millisecond", "milliseconds"]),
+        (1000, ["s", "second", "seconds"]),
+        (60_000, ["min", "minute", "minutes"]),
+        (3_600_000, ["h", "hour", "hours"]),
+        (86_400_000, ["d", "day", "days"]),
+    ];
+    let mut out = Vec::new();
+    for (ms, names) in UNITS {
+        if !interval_ms.is_multiple_of(ms) {
+            continue;
+        }
+        let count = interval_ms / ms;
+        for name in names {
+            out.push(format!("{count}{name}"));
+            out.push(format!("{count} {name}"));
+            if count == 1 {
+                out.push(name.to_owned());
+            }
+        }
+    }
+    out
+}
+
+proptest! {
+    /// Any spelling of a limit, `/` or `per`, any unit that fits, the burst written or left to
+    /// its default, reads as that limit, and is written back in the one canonical form.
+    #[test]
+    fn every_spelling_of_a_limit_reads_as_it(
+        tokens in prop_oneof![1..=100u32, 1..=u32::MAX],
+        interval_ms in prop_oneof![
+            (1..=1000u64).prop_map(|n| n * 86_400_000),
+            (1..=1000u64).prop_map(|n| n * 3_600_000),
+            (1..=1000u64).prop_map(|n| n * 60_000),
+            1..=100_000u64,
+        ],
+        burst in prop_oneof![Just(None), (1..=u32::MAX).prop_map(Some)],
+        per in any::<bool>(),
+        pick in any::<prop::sample::Index>(),
+    ) {
+        let Ok(l) = Limit::new(tokens, Duration::from_millis(interval_ms))
+            .and_then(|l| l.with_burst(burst.unwrap_or(tokens)))
+        else {
+            return Ok(());
+        };
+        let spellings = spellings(interval_ms);
+        let interval = pick.get(&spellings);
+        let separator = if per { " per " } else { "/" };
+        let text = match burst {
+            Some(b) => format!("{tokens}{separator}{interval} burst {b}"),
+            None => format!("{tokens}{separator}{interval}"),
+        };
+        prop_assert_eq!(text.parse::<Limit>(), Ok(l), "{}", text);
+        prop_assert_eq!(l.to_string().parse::<Limit>(), Ok(l));
     }
 }
 

@@ -1,5 +1,6 @@
-//! The header fields checked against the drafts: every shape written is parsed with an RFC 9651
-//! parser. Failures are persisted by proptest in `proptest-regressions/layer/headers/tests.txt`.
+//! The header fields checked against the drafts (draft-ietf-httpapi-ratelimit-headers-11 by
+//! default, 10 and 06 on request): every shape written is parsed with an RFC 9651 parser.
+//! Failures are persisted by proptest in `proptest-regressions/layer/headers/tests.txt`.
 
 use proptest::prelude::*;
 use sfv::{BareItem, ListEntry, Parser};
@@ -133,7 +134,7 @@ proptest! {
 }
 
 #[test]
-fn t_is_zero_only_for_a_full_bucket() {
+fn draft10s_t_is_zero_only_for_a_full_bucket() {
     let l = limit(10, 1000, 3);
     // Full: nothing to wait for.
     assert_eq!(next_token_ms(l, 3, 0), 0);
@@ -173,8 +174,49 @@ fn t_is_zero_only_for_a_full_bucket() {
         (item.remaining, item.next_ms, item.retry_ms),
         (0, 45_000, 45_000)
     );
-    let r = ratelimit([item].into_iter());
-    assert_eq!(text(r).as_deref(), Some("\"orders\";r=0;t=45"));
+    for version in [FieldVersion::Draft11, FieldVersion::Draft10] {
+        let r = ratelimit(version, [item].into_iter());
+        assert_eq!(text(r).as_deref(), Some("\"orders\";r=0;t=45"));
+    }
+}
+
+#[test]
+fn draft11s_t_is_the_effective_window_never_zero() {
+    // "10/s burst 3", full: 3 may go now, and one token period (100 ms) after the first of
+    // them the bucket holds a token again. Draft 10 says 0: no more quota is coming while full.
+    let l = limit(10, 1000, 3);
+    let full = Item::refunded("per-key", &after(l, 0, 0).0, 1);
+    assert_eq!((full.remaining, full.next_ms), (3, 0));
+    assert_eq!(
+        (full.window_ms(), full.window_secs(), full.next_secs()),
+        (100, 1, 0)
+    );
+    assert_eq!(full.t_secs(FieldVersion::Draft11), 1);
+    assert_eq!(full.t_secs(FieldVersion::Draft10), 0);
+    let one = |version| text(ratelimit(version, [full].into_iter()));
+    assert_eq!(
+        one(FieldVersion::Draft11).as_deref(),
+        Some("\"per-key\";r=3;t=1")
+    );
+    assert_eq!(
+        one(FieldVersion::Draft10).as_deref(),
+        Some("\"per-key\";r=3;t=0")
+    );
+    // "1/min burst 10", full: a minute. "3/1500ms": 500 ms, one second once rounded up.
+    let l = limit(1, 60_000, 10);
+    let full = Item::refunded("orders", &after(l, 0, 0).0, 1);
+    assert_eq!((full.remaining, full.window_secs()), (10, 60));
+    let l = limit(3, 1500, 3);
+    let full = Item::refunded("x", &after(l, 0, 0).0, 1);
+    assert_eq!((full.window_ms(), full.window_secs()), (500, 1));
+    // Not full: the next token, in both drafts.
+    let (d, _) = after(limit(1, 60_000, 10), 1, 20_000);
+    let item = Item::admitted("orders", &d);
+    assert_eq!((item.window_secs(), item.next_secs()), (40, 40));
+    // The slowest limit's window stays an sf-integer.
+    let l = limit(1, 1 << 42, 1);
+    let full = Item::refunded("slow", &after(l, 0, 0).0, 1);
+    assert_eq!(full.window_secs(), (1u64 << 42).div_ceil(1000));
 }
 
 #[test]
@@ -257,7 +299,7 @@ fn a_requests_policy_is_prebuilt_unless_a_dynamic_limit_is_not_its_rules_own() {
 }
 
 #[test]
-fn draft10_fields_follow_the_draft() {
+fn named_fields_follow_the_drafts() {
     let a = limit(10, 1000, 10);
     let b = limit(1, 60_000, 10);
     let items = [policy_item("per-key", a), policy_item("orders", b)];
@@ -271,32 +313,102 @@ fn draft10_fields_follow_the_draft() {
     assert!(policy(std::iter::empty()).is_none());
     let (da, _) = after(a, 6, 0);
     let (db, _) = after(b, 0, 0);
-    let out = fields(
-        FieldVersion::Draft10,
-        || policy(items.iter()),
+    // "orders" is full again after a refund: the drafts differ there only.
+    let views = || {
         [
             Item::admitted("per-key", &da),
-            Item::admitted("orders", &db),
+            Item::refunded("orders", &db, 1),
         ]
-        .into_iter(),
-    );
-    let mut headers = HeaderMap::new();
-    out.expect("fields").insert_into(&mut headers);
-    assert_eq!(
-        headers.get(&RATELIMIT).and_then(|v| v.to_str().ok()),
-        Some("\"per-key\";r=3;t=1, \"orders\";r=9;t=60")
-    );
-    assert_eq!(
-        headers.get(&RATELIMIT_POLICY),
-        policy(items.iter()).as_ref()
-    );
-    assert_eq!(headers.len(), 2);
+        .into_iter()
+    };
+    for (version, want) in [
+        (
+            FieldVersion::Draft11,
+            "\"per-key\";r=3;t=1, \"orders\";r=10;t=60",
+        ),
+        (
+            FieldVersion::Draft10,
+            "\"per-key\";r=3;t=1, \"orders\";r=10;t=0",
+        ),
+    ] {
+        let out = fields(version, || policy(items.iter()), views());
+        let mut headers = HeaderMap::new();
+        out.expect("fields").insert_into(&mut headers);
+        assert_eq!(
+            headers.get(&RATELIMIT).and_then(|v| v.to_str().ok()),
+            Some(want)
+        );
+        assert_eq!(
+            headers.get(&RATELIMIT_POLICY),
+            policy(items.iter()).as_ref()
+        );
+        assert_eq!(headers.len(), 2);
+    }
+    assert_eq!(FieldVersion::default(), FieldVersion::Draft11);
     // One rule's field is written by a path of its own: the same text.
-    let one = ratelimit([Item::admitted("orders", &db)].into_iter());
+    let one = ratelimit(
+        FieldVersion::Draft11,
+        [Item::admitted("orders", &db)].into_iter(),
+    );
     assert_eq!(text(one).as_deref(), Some("\"orders\";r=9;t=60"));
     let (first, _) = after(a, 0, 0);
-    let one = ratelimit([Item::admitted("per-key", &first)].into_iter());
+    let one = ratelimit(
+        FieldVersion::Draft11,
+        [Item::admitted("per-key", &first)].into_iter(),
+    );
     assert_eq!(text(one).as_deref(), Some("\"per-key\";r=9;t=1"));
+}
+
+#[test]
+fn an_items_partition_is_its_keys_fingerprint_never_the_key() {
+    let l = limit(10, 1000, 3);
+    let (d, _) = after(l, 0, 0);
+    let key = BucketKey::new("per-key", "sk_live_secret").expect("a key");
+    let other = BucketKey::new("per-key", "another client").expect("a key");
+    // The fingerprint's bytes. Another test may change the process's fingerprint key meanwhile:
+    // a reading taken between two equal ones is under the key both were.
+    let item = loop {
+        let before = key.fingerprint_bytes();
+        let item = Item::admitted("per-key", &d).partition(&key);
+        if key.fingerprint_bytes() == before {
+            assert_eq!(item.partition, Some(before));
+            break item;
+        }
+    };
+    let second = Item::admitted("global", &d).partition(&other);
+    let pk_of = |entry: &ListEntry| match entry {
+        ListEntry::Item(i) => i
+            .params
+            .get("pk")
+            .and_then(|v| v.as_byte_sequence())
+            .map(<[u8]>::to_vec),
+        ListEntry::InnerList(_) => None,
+    };
+    for version in [FieldVersion::Draft11, FieldVersion::Draft10] {
+        // The one-rule path and the general one write the same item.
+        let one = ratelimit(version, [item].into_iter()).expect("a field");
+        let two = ratelimit(version, [item, second].into_iter()).expect("a field");
+        for field in [&one, &two] {
+            let text = field.to_str().expect("ASCII");
+            assert!(
+                !text.contains("secret") && !text.contains("another"),
+                "{text}"
+            );
+            // A Byte Sequence holding the fingerprint's bytes.
+            let parsed: sfv::List = Parser::new(field.as_bytes()).parse().expect("a list");
+            assert_eq!(pk_of(&parsed[0]), item.partition.map(Vec::from), "{text}");
+        }
+        assert!(
+            one.to_str()
+                .is_ok_and(|t| t.starts_with("\"per-key\";r=2;t=1;pk=:") && t.ends_with(':')),
+            "{one:?}"
+        );
+        let parsed: sfv::List = Parser::new(two.as_bytes()).parse().expect("a list");
+        assert_eq!(pk_of(&parsed[1]), second.partition.map(Vec::from));
+    }
+    // Base64 of six bytes, two groups of three, no padding.
+    assert_eq!(&partition_key([0, 0, 0, 0xff, 0xff, 0xff]), b"AAAA////");
+    assert_eq!(&partition_key(*b"burstg"), b"YnVyc3Rn");
 }
 
 #[test]
@@ -319,7 +431,7 @@ fn draft06_fields_describe_the_limit_closest_to_exhaustion() {
     let out = fields(FieldVersion::Draft06, policy, items().into_iter());
     assert!(
         !called.get(),
-        "the draft-10 policy is not built for draft 06"
+        "the named formats' policy is not built for draft 06"
     );
     let mut headers = HeaderMap::new();
     out.expect("fields").insert_into(&mut headers);
@@ -470,30 +582,43 @@ proptest! {
             let (q, w) = quota(*l);
             want_policy.push((string(name), vec![("q".into(), int(q)), ("w".into(), int(w))]));
         }
-        let want_items: Vec<_> = items
-            .iter()
-            .map(|i| {
-                let params = vec![
-                    ("r".to_owned(), i64::from(i.remaining)),
-                    ("t".to_owned(), int(i.next_ms.div_ceil(1000))),
-                ];
-                (string(i.name), params)
-            })
-            .collect();
+        let want_items = |t: fn(&Item<'_>) -> u64| -> Vec<Parsed> {
+            items
+                .iter()
+                .map(|i| {
+                    let params = vec![
+                        ("r".to_owned(), i64::from(i.remaining)),
+                        ("t".to_owned(), int(t(i))),
+                    ];
+                    (string(i.name), params)
+                })
+                .collect()
+        };
         let closest = items
             .iter()
             .min_by_key(|i| (i.remaining, std::cmp::Reverse(i.reset_secs())))
             .map(|i| (quota(i.limit), i.remaining, i.reset_secs()));
         let views = || items.iter().copied();
 
-        let mut headers = HeaderMap::new();
-        fields(FieldVersion::Draft10, || policy(policies.iter()), views())
-            .expect("fields")
-            .insert_into(&mut headers);
-        let p = headers.get(&RATELIMIT_POLICY).expect("a policy");
-        prop_assert_eq!(parse_list(p).map_err(TestCaseError::fail)?, want_policy);
-        let r = headers.get(&RATELIMIT).expect("a RateLimit field");
-        prop_assert_eq!(parse_list(r).map_err(TestCaseError::fail)?, want_items);
+        let draft11: fn(&Item<'_>) -> u64 = |i| {
+            if i.next_ms == 0 {
+                // A full bucket: one token period.
+                i.limit.interval_ms().div_ceil(u64::from(i.limit.tokens())).div_ceil(1000)
+            } else {
+                i.next_ms.div_ceil(1000)
+            }
+        };
+        let draft10: fn(&Item<'_>) -> u64 = |i| i.next_ms.div_ceil(1000);
+        for (version, t) in [(FieldVersion::Draft11, draft11), (FieldVersion::Draft10, draft10)] {
+            let mut headers = HeaderMap::new();
+            fields(version, || policy(policies.iter()), views())
+                .expect("fields")
+                .insert_into(&mut headers);
+            let p = headers.get(&RATELIMIT_POLICY).expect("a policy");
+            prop_assert_eq!(parse_list(p).map_err(TestCaseError::fail)?, want_policy.clone());
+            let r = headers.get(&RATELIMIT).expect("a RateLimit field");
+            prop_assert_eq!(parse_list(r).map_err(TestCaseError::fail)?, want_items(t));
+        }
 
         let mut headers = HeaderMap::new();
         fields(FieldVersion::Draft06, || None, views())
@@ -529,6 +654,8 @@ proptest! {
         let item = Item::denied("x", &d);
         let retry_after = ceil_secs(d.wait()).max(1);
         prop_assert!(item.next_secs() >= 1 && item.next_secs() <= retry_after);
+        // Draft 11: Retry-After names no time before the end of the effective window.
+        prop_assert_eq!(item.window_secs(), item.next_secs());
         prop_assert_eq!(item.reset_secs(), retry_after);
         if cost == 1 {
             prop_assert_eq!(item.next_secs(), retry_after);
@@ -562,6 +689,42 @@ proptest! {
             if item.next_ms >= 2 {
                 prop_assert_eq!(held(item.next_ms - 2), u64::from(d.remaining()));
             }
+        }
+    }
+
+    /// Draft 11's `t`: a client that spends the `r` tokens it is told of at once holds none
+    /// until the effective window ends, and holds a token again when it does (give or take
+    /// the store's millisecond), full bucket or not.
+    #[test]
+    fn the_effective_window_ends_when_a_token_is_back(
+        l in limits(),
+        taken in 0..12u32,
+        at in 0..200_000u64,
+        refund in any::<bool>(),
+    ) {
+        let p = Params::of(&l);
+        let mut state = None;
+        for _ in 0..taken.min(l.burst()) {
+            state = decide(l, state, 0, 1, 0).1;
+        }
+        let (d, mut state) = decide(l, state, at, 1, 0);
+        let mut item = Item::admitted("x", &d);
+        if refund && d.is_admitted() {
+            // The token given back, as the layer does when a later rule refuses.
+            let (_, write) = bucket::refund(&p, state, at, 1.0, at);
+            state = write.map(|w| w.state).or(state);
+            item = Item::refunded("x", &d, 1);
+        }
+        prop_assert_eq!(bucket::peek(&p, state, at).remaining, u64::from(item.remaining));
+        let window = item.window_ms();
+        prop_assert!(window >= 1 && item.window_secs() >= 1);
+        if item.remaining > 0 {
+            state = decide(l, state, at, item.remaining, 0).1;
+        }
+        let held = |ms: u64| bucket::peek(&p, state, at + ms).remaining;
+        prop_assert!(held(window + 1) >= 1, "no token {} ms on", window);
+        if window >= 2 {
+            prop_assert_eq!(held(window - 2), 0);
         }
     }
 }
