@@ -43,6 +43,8 @@ pub(crate) struct Config<St> {
     pub(crate) apart: Arc<AtomicBool>,
     /// Reservations of requests dropped while they waited, on their way back.
     pub(crate) abandoned: Abandoned,
+    /// Whether `RateLimit` items name their partition (`pk`).
+    pub(crate) partition_keys: bool,
     /// What a request gets when the store fails.
     pub(crate) outage: OutagePolicy,
     /// The buckets of [`OutagePolicy::Local`], in this process; shared by the layer's copies.
@@ -65,6 +67,7 @@ impl<St: Clone> Clone for Config<St> {
             on_decision: self.on_decision.clone(),
             apart: Arc::clone(&self.apart),
             abandoned: self.abandoned.clone(),
+            partition_keys: self.partition_keys,
             outage: self.outage,
             fallback: self.fallback.clone(),
         }

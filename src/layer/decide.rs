@@ -526,9 +526,10 @@ fn admit<St: BucketStore + Clone>(
                     applied.iter().map(|t| (planned(t).rule, planned(t).limit)),
                 )
             },
-            applied
-                .iter()
-                .map(|t| Item::admitted(config.rules[planned(t).rule].bucket(), &t.decision)),
+            applied.iter().map(|t| {
+                let item = Item::admitted(config.rules[planned(t).rule].bucket(), &t.decision);
+                partitioned(config, item, &planned(t).key)
+            }),
         )
     } else {
         None
@@ -714,6 +715,16 @@ fn observe_failure<St>(config: &Config<St>, p: &RuleTake, e: &StoreError) {
     }
 }
 
+/// `item`, naming its partition (`pk`, the key's fingerprint) when the layer writes them.
+#[inline]
+fn partitioned<'a, St>(config: &Config<St>, item: Item<'a>, key: &BucketKey) -> Item<'a> {
+    if config.partition_keys {
+        item.partition(key)
+    } else {
+        item
+    }
+}
+
 /// The rejection when rule `p` refused with `d`, after the rules in `applied` took their
 /// tokens and gave them back.
 fn reject<St>(
@@ -733,17 +744,18 @@ fn reject<St>(
                 .chain([(p.rule, p.limit)]),
         )
     };
-    let denied = Item::denied(refusing.bucket(), d);
+    let denied = partitioned(config, Item::denied(refusing.bucket(), d), &p.key);
     let items = applied
         .iter()
         .map(|t| {
             let planned = &plan[t.planned];
             let name = config.rules[planned.rule].bucket();
-            if t.decision.is_admitted() {
+            let item = if t.decision.is_admitted() {
                 Item::refunded(name, &t.decision, planned.cost)
             } else {
                 Item::admitted(name, &t.decision)
-            }
+            };
+            partitioned(config, item, &planned.key)
         })
         .chain([denied]);
     Why::Limited {

@@ -310,13 +310,6 @@ impl<'a> Item<'a> {
     /// The same item naming the partition it counts in, the bucket of `key`, by the key's
     /// fingerprint (see [`partition_key`]): a `pk` parameter in the `RateLimit` field (drafts 08
     /// to 11).
-    #[cfg_attr(
-        not(test),
-        expect(
-            dead_code,
-            reason = "the rules loop does not yet hand the items their keys (decide.rs)"
-        )
-    )]
     pub(crate) fn partition(self, key: &BucketKey) -> Self {
         Self {
             partition: Some(key.fingerprint_bytes()),

@@ -41,6 +41,7 @@ impl<St: BucketStore + Clone> RateLimitLayer<St> {
                 on_decision: None,
                 apart: Arc::default(),
                 abandoned: Default::default(),
+                partition_keys: false,
                 outage: OutagePolicy::LOCAL,
                 fallback: MemoryStore::new(),
             }),
@@ -82,6 +83,18 @@ impl<St: BucketStore + Clone> RateLimitLayer<St> {
         self
     }
 
+    /// Whether each item of the `RateLimit` field names its partition with the draft's `pk`
+    /// parameter (default: no): the bucket key's fingerprint as a Byte Sequence, never the key,
+    /// the same on every replica once the process has a [`KeySecret`](crate::KeySecret) (see
+    /// [`BucketKey::fingerprint`](crate::BucketKey::fingerprint)), a salt of the process's own
+    /// otherwise. Off by default: a client usually knows whose quota it spends, and the
+    /// fingerprint is a keyed hash on every response.
+    #[must_use]
+    pub fn partition_keys(mut self, on: bool) -> Self {
+        Arc::make_mut(&mut self.config).partition_keys = on;
+        self
+    }
+
     /// Whether admitted responses carry the `RateLimit-Policy` and `RateLimit` fields (default:
     /// yes). Rejections always carry `Retry-After`, `RateLimit-Policy` and `RateLimit`.
     #[must_use]
@@ -90,8 +103,8 @@ impl<St: BucketStore + Clone> RateLimitLayer<St> {
         self
     }
 
-    /// Which rate-limit header fields responses carry (default: [`FieldVersion::Draft10`], the
-    /// current draft's `RateLimit-Policy` and `RateLimit`). [`FieldVersion::Draft06`] writes the
+    /// Which rate-limit header fields responses carry (default: [`FieldVersion::Draft11`], the
+    /// newest draft's `RateLimit-Policy` and `RateLimit`). [`FieldVersion::Draft06`] writes the
     /// older `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset` instead, for clients
     /// that read those.
     #[must_use]

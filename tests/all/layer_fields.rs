@@ -214,3 +214,36 @@ async fn draft06_fields_describe_the_limit_closest_to_exhaustion() {
     assert_eq!(policy.len(), 1);
     assert_eq!(header(&res, "ratelimit-policy"), Some("10;w=7200"));
 }
+
+/// With partition keys on, each item of the `RateLimit` field names its bucket by the key's
+/// fingerprint as an RFC 9651 Byte Sequence (`pk`), never the key; off, the default, none.
+#[tokio::test(start_paused = true)]
+async fn partition_keys_name_each_bucket_by_its_fingerprint_and_never_the_key() {
+    for on in [false, true] {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let layer = RateLimitLayer::new(MemoryStore::new().with_clock(TokioClock::new()))
+            .rule(per_key())
+            .partition_keys(on);
+        let mut svc = layer.layer(counting(&calls));
+        let res = call(&mut svc, request(Some("sekrit-k1"))).await;
+        let field = res.headers()["ratelimit"].to_str().expect("ASCII");
+        assert!(!field.contains("sekrit"), "{field}");
+        let list = sfv::Parser::new(field)
+            .parse::<sfv::List>()
+            .expect("an RFC 9651 list");
+        let Some(sfv::ListEntry::Item(item)) = list.first() else {
+            panic!("an item: {field}");
+        };
+        let pk = item.params.get("pk");
+        if !on {
+            assert_eq!(pk, None, "{field}");
+            continue;
+        }
+        let key = burstgate::BucketKey::hashed("per-key", "sekrit-k1").expect("a key");
+        let Some(sfv::BareItem::ByteSequence(bytes)) = pk else {
+            panic!("a Byte Sequence pk: {field}");
+        };
+        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(hex, key.fingerprint(), "{field}");
+    }
+}
