@@ -227,13 +227,34 @@ impl BucketKey {
         })
     }
 
-    /// The key whose [`as_str`](Self::as_str) is `id`, when `id` is one that [`new`](Self::new),
-    /// [`hashed`](Self::hashed) or [`keyed`](Self::keyed) can make: a valid bucket name, `:`,
-    /// then a hash (`#` and 64 lowercase hex digits) or an escaped key of 1 to 128 bytes whose
-    /// every escape is one `build` writes. For a key kept as text (a [`Ticket`]) and read back.
+    /// The key whose [`as_str`](Self::as_str) is `id`, read back from its escaped or hashed
+    /// form: for a tool that finds keys in a store (the `<bucket>` and `{<key>}` of a Redis key
+    /// `<prefix>:v4:<bucket>:{<key>}`, joined by `:`) and must name them by their
+    /// [`fingerprint`](Self::fingerprint), as the `burstgate` command-line tool does.
+    ///
+    /// `None` unless `id` is one that [`new`](Self::new), [`hashed`](Self::hashed) or
+    /// [`keyed`](Self::keyed) can make, so that the key read back is the one the application
+    /// made and has its fingerprint: a valid bucket name, `:`, then `#` and 64 lowercase hex
+    /// digits, or 1 to 128 bytes of an escaped key in which only the bytes `new` escapes are
+    /// escaped, each as `%` and two uppercase hex digits.
+    ///
+    /// ```
+    /// use burstgate::BucketKey;
+    ///
+    /// let key = BucketKey::new("orders", "seller:42")?;
+    /// assert_eq!(BucketKey::from_escaped("orders:seller%3A42"), Some(key));
+    /// // Not a form `new` writes: `-` is never escaped.
+    /// assert_eq!(BucketKey::from_escaped("orders:seller%2D42"), None);
+    /// # Ok::<(), burstgate::InvalidKey>(())
+    /// ```
+    pub fn from_escaped(id: &str) -> Option<Self> {
+        Self::from_id(id)
+    }
+
+    /// [`from_escaped`](Self::from_escaped), also for a key kept as text (a [`Ticket`]) and read
+    /// back.
     ///
     /// [`Ticket`]: crate::middleware::Ticket
-    #[cfg(feature = "reqwest")]
     pub(crate) fn from_id(id: &str) -> Option<Self> {
         let (bucket, key) = id.split_once(':')?;
         check_name(bucket).ok()?;
