@@ -159,9 +159,27 @@ impl Scheme {
         C: ConnectionLike + Clone + Send + Sync + 'static,
         K: burstgate::Clock,
     {
-        let probe = BucketKey::new(PROBE_BUCKET, PROBE_CALLER)
-            .unwrap_or_else(|_| unreachable!("a valid bucket name and key"));
-        let full = store.redis_key(&probe);
+        Self::probed(store.redis_key(&Self::probe()))
+    }
+
+    /// The audit streams' keys, as `store` names them (`<prefix>:audit:v1:<bucket>:{<key>}`
+    /// today), the part in braces exactly the hash tag of the bucket's own key, so that a bucket
+    /// and its stream share a Cluster slot.
+    pub(crate) fn audit<C, K>(store: &RedisStore<C, K>) -> Self
+    where
+        C: ConnectionLike + Clone + Send + Sync + 'static,
+        K: burstgate::Clock,
+    {
+        Self::probed(store.audit_key(&Self::probe()))
+    }
+
+    fn probe() -> BucketKey {
+        BucketKey::new(PROBE_BUCKET, PROBE_CALLER)
+            .unwrap_or_else(|_| unreachable!("a valid bucket name and key"))
+    }
+
+    /// The layout of `full`, the key of the probe.
+    fn probed(full: String) -> Self {
         // From the right: the prefix may spell the probe's name too, the caller comes last.
         let caller_at = full.rfind(PROBE_CALLER).unwrap_or(full.len());
         let bucket_at = full[..caller_at].rfind(PROBE_BUCKET).unwrap_or(0);
@@ -169,17 +187,6 @@ impl Scheme {
             head: full[..bucket_at].to_owned(),
             mid: full[bucket_at + PROBE_BUCKET.len()..caller_at].to_owned(),
             tail: full[caller_at + PROBE_CALLER.len()..].to_owned(),
-        }
-    }
-
-    /// The audit streams' keys: `<prefix>:audit:v1:<bucket>:{<key>}`, the part in braces
-    /// exactly the hash tag of the bucket's own key, so that a bucket and its stream share a
-    /// Cluster slot.
-    pub(crate) fn audit(prefix: &str) -> Self {
-        Self {
-            head: format!("{prefix}:audit:v1:"),
-            mid: ":{".to_owned(),
-            tail: "}".to_owned(),
         }
     }
 
@@ -273,7 +280,8 @@ mod tests {
         assert_eq!(scheme.pattern(Some(&orders)), "a\\*b:v4:orders:{*}");
         assert_eq!(scheme.pattern(None), "a\\*b:v4:*:{*}");
         assert_eq!(
-            Scheme::audit("app").pattern(Some(&orders)),
+            Scheme::probed("app:audit:v1:bucket-probe:{caller-probe}".to_owned())
+                .pattern(Some(&orders)),
             "app:audit:v1:orders:{*}"
         );
     }

@@ -30,7 +30,7 @@ pub(super) async fn audit(
     since: Duration,
     count: usize,
 ) -> Result<Report, CliError> {
-    let scheme = Scheme::audit(&ctx.prefix);
+    let scheme = Scheme::audit(&ctx.store);
     let now_ms = span::epoch_ms(ctx.store.now());
     let since_ms = now_ms.saturating_sub(super::ms(since));
     let (streams, key): (Vec<String>, Option<BucketKey>) = if args.is_given() {

@@ -291,3 +291,52 @@ async fn a_trail_cut_by_the_streams_cap_says_so() {
     assert_eq!(doc["trimmed"], true);
     assert_eq!(doc["entries"].as_array().map(Vec::len), Some(2));
 }
+
+/// The trail as the library writes it, read back: an application's audited decisions on a
+/// bucket, shown in order with their outcomes, the key's fingerprint and the process's label.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_trail_the_library_writes_is_the_one_it_reads() {
+    use std::num::NonZeroU32;
+
+    use burstgate::{Audit, BucketStore, Take};
+
+    crate::support::app_fingerprints();
+    let prefix = prefix();
+    let store = crate::support::app(&prefix).await;
+    let key = BucketKey::new("orders", "seller-42").expect("a key");
+    let audit = Audit::new(NonZeroU32::new(100).expect("not zero")).process("worker-1@host-a");
+    let limit = "1/min burst 2".parse().expect("a limit");
+    for _ in 0..3 {
+        let take = Take::new(&key, limit, 1).audited(&audit);
+        let _ = store
+            .acquire_all(&[take], std::time::Duration::ZERO)
+            .await
+            .expect("decides");
+    }
+    let out = run(
+        &[
+            "--prefix",
+            &prefix,
+            "--json",
+            "audit",
+            "orders",
+            "--key",
+            "seller-42",
+            "--since",
+            "10m",
+        ],
+        &[],
+    )
+    .ok()
+    .json();
+    let entries = out["entries"].as_array().expect("entries");
+    let outcomes: Vec<&str> = entries
+        .iter()
+        .map(|e| e["outcome"].as_str().expect("an outcome"))
+        .collect();
+    assert_eq!(outcomes, ["admitted", "admitted", "refused"], "{out}");
+    for e in entries {
+        assert_eq!(e["fingerprint"], key.fingerprint(), "{out}");
+        assert_eq!(e["process"], "worker-1@host-a", "{out}");
+    }
+}

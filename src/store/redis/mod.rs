@@ -490,6 +490,12 @@ where
         self.circuit.is_open()
     }
 
+    /// The Redis key of a bucket's [audit trail](crate::Audit): the stream beside
+    /// [`redis_key`](Self::redis_key), with the same hash tag.
+    pub fn audit_key(&self, key: &BucketKey) -> String {
+        wire::audit_key(&self.prefix, key)
+    }
+
     /// The full Redis key of a bucket.
     pub fn redis_key(&self, key: &BucketKey) -> String {
         RedisKey {
