@@ -23,7 +23,7 @@
 //!    them first to last, and refunded in that order every one but the last would find another
 //!    behind it and stay spent, up to the whole queue's worth of budget.
 
-use std::cmp::Reverse;
+use std::cell::Cell;
 use std::mem;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration as Wait;
@@ -125,28 +125,76 @@ impl Abandoned {
             pending.draining = false;
             return;
         };
-        let (this, store) = (self.clone(), store.clone());
+        let store = store.clone();
+        let draining = Draining {
+            abandoned: self.clone(),
+            done: Cell::new(false),
+        };
         rt.spawn(async move {
             // Callers dropped together (a batch cancelled) go within the store's unit of time:
             // waiting it out lets their refunds be ordered as one.
             tokio::time::sleep(Wait::from_millis(1)).await;
             loop {
                 let mut batch = {
-                    let mut pending = this.0.lock().unwrap_or_else(PoisonError::into_inner);
+                    let mut pending = draining
+                        .abandoned
+                        .0
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner);
                     if pending.taken.is_empty() {
+                        // Under the lock that found it empty: a reservation handed over after
+                        // this starts a drainer of its own.
                         pending.draining = false;
+                        draining.done.set(true);
                         return;
                     }
                     mem::take(&mut pending.taken)
                 };
-                batch.sort_by_key(|(_, _, reservation)| Reverse(reservation.ready_at_ms()));
-                for (key, limit, reservation) in batch {
-                    if let Err(e) = store.refund(&key, limit, reservation).await {
-                        tracing::warn!(bucket = key.bucket(), error = %e, "refund failed");
-                    }
+                // Each bucket's refunds in turn, latest slot first; the buckets side by side,
+                // so that a slow refund on one holds up no other.
+                batch.sort_by(|(a, _, ra), (b, _, rb)| {
+                    a.as_str()
+                        .cmp(b.as_str())
+                        .then(rb.ready_at_ms().cmp(&ra.ready_at_ms()))
+                });
+                while !batch.is_empty() {
+                    let same = batch
+                        .iter()
+                        .take_while(|(key, _, _)| key == &batch[0].0)
+                        .count();
+                    let rest = batch.split_off(same);
+                    let bucket = mem::replace(&mut batch, rest);
+                    let store = store.clone();
+                    tokio::spawn(async move {
+                        for (key, limit, reservation) in bucket {
+                            if let Err(e) = store.refund(&key, limit, reservation).await {
+                                tracing::warn!(bucket = key.bucket(), error = %e, "refund failed");
+                            }
+                        }
+                    });
                 }
             }
         });
+    }
+}
+
+/// The drainer's hold on its front end's [`Abandoned`]: however its task ends before it is done
+/// (never run by a runtime shutting down, dropped with one, a refund that panicked), the next
+/// reservation handed over starts another, rather than wait for one that is gone.
+struct Draining {
+    abandoned: Abandoned,
+    done: Cell<bool>,
+}
+
+impl Drop for Draining {
+    fn drop(&mut self) {
+        if !self.done.get() {
+            self.abandoned
+                .0
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .draining = false;
+        }
     }
 }
 
@@ -218,4 +266,54 @@ pub(crate) async fn acquire_all_detached<St: BucketStore + Clone>(
             None,
         )))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::MemoryStore;
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .expect("a runtime")
+    }
+
+    /// A drainer whose runtime went away before it ran leaves the next reservation handed over
+    /// to a drainer of its own, which gives back both.
+    #[test]
+    fn a_drainer_that_never_ran_does_not_stop_the_next() {
+        let store = MemoryStore::new();
+        let abandoned = Abandoned::default();
+        let limit = Limit::per_minute(1)
+            .and_then(|l| l.with_burst(2))
+            .expect("a limit");
+        let key = BucketKey::new("b", "k").expect("a key");
+        let take = |rt: &tokio::runtime::Runtime| {
+            rt.block_on(store.acquire(&key, limit, 1, Duration::ZERO))
+                .expect("decided")
+                .reservation()
+                .expect("admitted")
+        };
+        let first = runtime();
+        let reservation = take(&first);
+        first.block_on(async {
+            abandoned.give_back(&store, vec![(key.clone(), limit, reservation)]);
+        });
+        drop(first);
+        assert!(!abandoned.0.lock().expect("a lock").draining);
+
+        let second = runtime();
+        let reservation = take(&second);
+        second.block_on(async {
+            abandoned.give_back(&store, vec![(key.clone(), limit, reservation)]);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        });
+        let state = second.block_on(store.peek(&key, limit)).expect("peeks");
+        assert_eq!(state.remaining(), 2, "both given back");
+    }
 }

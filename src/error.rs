@@ -288,6 +288,15 @@ pub enum StoreError {
         /// The bucket key's [`fingerprint`](crate::BucketKey::fingerprint), not the key itself.
         fingerprint: String,
     },
+    /// The [audit trail](crate::Audit) of an audited bucket is a key that holds something other
+    /// than a stream: someone else wrote it. The call was refused without changing anything;
+    /// delete that key (`RedisStore::audit_key` names it) and the trail starts afresh.
+    AuditNotAStream {
+        /// The bucket name, as the program chose it.
+        bucket: String,
+        /// The bucket key's [`fingerprint`](crate::BucketKey::fingerprint), not the key itself.
+        fingerprint: String,
+    },
     /// A [`MemoryStore`](crate::MemoryStore) at its bound of buckets met a new key, and every
     /// bucket it could have forgotten to make room was in debt (reservations wait on it). The
     /// call changed nothing.
@@ -358,6 +367,13 @@ impl fmt::Display for StoreError {
             } => write!(
                 f,
                 "the store key of bucket {bucket:?}, key fingerprint {fingerprint}, holds a value no store could have written"
+            ),
+            Self::AuditNotAStream {
+                bucket,
+                fingerprint,
+            } => write!(
+                f,
+                "the audit stream of bucket {bucket:?}, key fingerprint {fingerprint}, is a key that holds something other than a stream"
             ),
             Self::TooManyBuckets { max } => write!(
                 f,

@@ -225,9 +225,9 @@
 //! [`KeySecret`] that tells nothing without it ([`BucketKey::keyed`],
 //! `KeyExtractor::keyed_header`, `RateLimitMiddleware::key_secret`): use the keyed forms for
 //! anything secret. A reader of the logs sees bucket names, counts, waits and
-//! [`fingerprint`](BucketKey::fingerprint)s, keyed with your [`KeySecret`] (or, without one, a
-//! salt drawn once per process) so that they cannot be reversed by trying keys; errors name keys
-//! the same way. A [`MemoryStore`]
+//! [`fingerprint`](BucketKey::fingerprint)s, keyed with your [`KeySecret`] once a front end has
+//! one (or [`KeySecret::key_fingerprints`] chose it), else with a salt drawn once per process,
+//! so that they cannot be reversed by trying keys; errors name keys the same way. A [`MemoryStore`]
 //! holds a bounded number of buckets, so a flood of made-up keys costs bounded memory.
 //!
 //! # When the store fails

@@ -97,8 +97,19 @@ fn keyed_hashes_cannot_be_checked_without_the_secret() {
     assert_eq!(format!("{a:?}"), "KeySecret(<secret>)");
 }
 
+/// Held by the tests that compare fingerprints taken at different moments, and by the one that
+/// changes the process's fingerprint key: the unit tests share one process.
+static FINGERPRINT_KEY_HELD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn hold_fingerprint_key() -> std::sync::MutexGuard<'static, ()> {
+    FINGERPRINT_KEY_HELD
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 #[test]
 fn an_ipv4_fingerprint_does_not_reverse_by_enumeration() {
+    let _held = hold_fingerprint_key();
     let key = BucketKey::new("ip", "203.0.113.7").expect("a valid key");
     let fp = key.fingerprint();
     assert_eq!(fp.len(), 12);
@@ -115,6 +126,7 @@ fn an_ipv4_fingerprint_does_not_reverse_by_enumeration() {
 /// other spelling of it reads back as nothing, so no two texts name one bucket.
 #[test]
 fn a_key_read_back_from_its_text_is_the_same_key() {
+    let _held = hold_fingerprint_key();
     let secret = KeySecret::new(b"an application secret, sixteen+").unwrap();
     for key in [
         BucketKey::new("orders", "seller:42").unwrap(),
@@ -186,6 +198,7 @@ fn bad_names_and_empty_keys_are_refused() {
 /// name a client as the application's logs do. A front end's secret does not replace a chosen one.
 #[test]
 fn a_fingerprint_keyed_with_a_secret_depends_on_the_secret_and_the_key_alone() {
+    let _held = hold_fingerprint_key();
     let secret = KeySecret::new(b"the application's secret, 32 b..").expect("a secret");
     secret.key_fingerprints();
     let key = BucketKey::new("orders", "seller-42").expect("a key");

@@ -142,7 +142,8 @@ impl Rule {
         }
     }
 
-    /// Applies the rule only to requests with this method (by default, every method).
+    /// Applies the rule only to requests with this method (by default, every method); a rule for
+    /// `GET` also takes `HEAD` requests, which servers answer with the `GET` handler.
     ///
     /// ```
     /// use burstgate::Limit;

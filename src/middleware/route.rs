@@ -176,7 +176,8 @@ impl Route {
         }
     }
 
-    /// Matches only requests with this method.
+    /// Matches only requests with this method; a route for `GET` also matches `HEAD`, which
+    /// servers answer as a `GET` and an API may count as one.
     #[must_use]
     pub fn method(self, method: Method) -> Self {
         Self {

@@ -95,8 +95,13 @@ impl Pattern {
     }
 
     /// Whether a request with this method, host (`None` when it names none) and path matches.
+    /// A `HEAD` matches a `GET` pattern: servers answer it with the `GET` handler (axum's `get`
+    /// routes both), so a rule for `GET` alone would let it through unlimited.
     pub(crate) fn matches(&self, method: &Method, host: Option<&str>, path: &str) -> bool {
-        if self.method.as_ref().is_some_and(|m| m != method) {
+        if let Some(want) = &self.method
+            && want != method
+            && !(want == Method::GET && method == Method::HEAD)
+        {
             return false;
         }
         if let Some(want) = &self.host
@@ -229,6 +234,9 @@ pub(crate) const CASES: &[(&str, Option<&str>, &str, &str, bool)] = &[
     ("/api/**", Some("POST"), "POST", "/api", true),
     ("/api/**", Some("POST"), "POST", "/api/a/b/c", true),
     ("/api/**", Some("POST"), "GET", "/api/a", false),
+    ("/search", Some("GET"), "HEAD", "/search", true),
+    ("/search", Some("HEAD"), "GET", "/search", false),
+    ("/search", Some("GET"), "POST", "/search", false),
     ("/api/**", None, "GET", "/apis", false),
     ("/login", Some("POST"), "POST", "/login/", true),
     ("/files/*", None, "GET", "/files/a%2Fb", true),

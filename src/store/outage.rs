@@ -32,7 +32,8 @@ pub enum OutagePolicy {
     /// layer answers `503 Service Unavailable` (with `Retry-After` while the breaker is open).
     #[default]
     FailClosed,
-    /// Admitted at once, unlimited, with a warning. A `RedisStore`'s
+    /// Admitted at once, unlimited (a `RedisStore` logs a warning for each such admission; a layer
+    /// logs the store's failure, at most once per 10 s per rule). A `RedisStore`'s
     /// [`acquire`](crate::BucketStore::acquire) reports zero tokens remaining, and its
     /// [`peek`](crate::BucketStore::peek), [`refund`](crate::BucketStore::refund) and
     /// [`drain_until`](crate::BucketStore::drain_until) still return the error, since there is

@@ -24,22 +24,11 @@ async fn conn() -> MultiplexedConnection {
 }
 
 /// A store on the test Redis under a prefix of its own, on a manual clock.
-async fn store(clock: &ManualClock) -> (RedisStore<MultiplexedConnection, ManualClock>, String) {
-    let prefix = redis_server::unique_prefix();
-    let store = RedisStore::new(conn().await)
+async fn store(clock: &ManualClock) -> RedisStore<MultiplexedConnection, ManualClock> {
+    RedisStore::new(conn().await)
         .with_clock(clock.clone())
-        .prefix(&prefix)
-        .expect("a prefix");
-    (store, prefix)
-}
-
-/// The stream beside `key`'s bucket under `prefix`.
-fn stream(prefix: &str, key: &BucketKey) -> String {
-    let caller = key
-        .as_str()
-        .strip_prefix(&format!("{}:", key.bucket()))
-        .expect("the bucket's name first");
-    format!("{prefix}:audit:v1:{}:{{{caller}}}", key.bucket())
+        .prefix(&redis_server::unique_prefix())
+        .expect("a prefix")
 }
 
 /// Every entry of `stream`, oldest first.
@@ -67,7 +56,7 @@ fn summary(e: &Entry) -> (&str, &str, &str, &str) {
 #[tokio::test]
 async fn every_decision_of_an_audited_take_is_in_its_buckets_stream() {
     let clock = ManualClock::new(START);
-    let (store, prefix) = store(&clock).await;
+    let store = store(&clock).await;
     let orders = limit(1, 1_000, 2);
     let k = key("orders", "seller-42");
     let other = key("global", "all");
@@ -88,7 +77,7 @@ async fn every_decision_of_an_audited_take_is_in_its_buckets_stream() {
     let waited = take(Duration::from_secs(5)).await.expect("decided");
     assert_eq!(waited[0].wait(), Duration::from_secs(1));
 
-    let trail = entries(&stream(&prefix, &k)).await;
+    let trail = entries(&store.audit_key(&k)).await;
     let got: Vec<_> = trail.iter().map(summary).collect();
     assert_eq!(
         got,
@@ -106,24 +95,24 @@ async fn every_decision_of_an_audited_take_is_in_its_buckets_stream() {
         assert!(!e.values().any(|v| v.contains("seller-42")), "{e:?}");
     }
     // The bucket that was not audited has no stream.
-    assert!(entries(&stream(&prefix, &other)).await.is_empty());
+    assert!(entries(&store.audit_key(&other)).await.is_empty());
 }
 
 #[tokio::test]
 async fn a_stream_keeps_its_cap_and_expires_after_its_last_entry() {
     let clock = ManualClock::new(START);
-    let (store, prefix) = store(&clock).await;
+    let store = store(&clock).await;
     let k = key("orders", "capped");
     let audit = Audit::new(cap(5)).retain(Duration::from_secs(30));
     for _ in 0..12 {
         let takes = [Take::new(&k, limit(1, 60_000, 3), 1).audited(&audit)];
         let _ = store.acquire_all(&takes, ZERO).await.expect("decided");
     }
-    let trail = entries(&stream(&prefix, &k)).await;
+    let trail = entries(&store.audit_key(&k)).await;
     assert_eq!(trail.len(), 5, "exactly the cap");
     assert!(trail.iter().all(|e| e["o"] == "refused"), "the latest five");
     let ttl: i64 = burstgate::redis::cmd("PTTL")
-        .arg(stream(&prefix, &k))
+        .arg(store.audit_key(&k))
         .query_async(&mut conn().await)
         .await
         .expect("PTTL");
@@ -133,10 +122,10 @@ async fn a_stream_keeps_its_cap_and_expires_after_its_last_entry() {
 #[tokio::test]
 async fn an_audit_stream_someone_else_wrote_refuses_the_request_and_changes_nothing() {
     let clock = ManualClock::new(START);
-    let (store, prefix) = store(&clock).await;
+    let store = store(&clock).await;
     let k = key("orders", "squatted");
     let _: () = burstgate::redis::cmd("SET")
-        .arg(stream(&prefix, &k))
+        .arg(store.audit_key(&k))
         .arg("not a stream")
         .query_async(&mut conn().await)
         .await
@@ -145,7 +134,8 @@ async fn an_audit_stream_someone_else_wrote_refuses_the_request_and_changes_noth
     let orders = limit(1, 1_000, 2);
     let takes = [Take::new(&k, orders, 1).audited(&audit)];
     let err = store.acquire_all(&takes, ZERO).await.expect_err("refused");
-    assert!(matches!(err, StoreError::WrongType { .. }), "{err:?}");
+    assert!(matches!(err, StoreError::AuditNotAStream { .. }), "{err:?}");
+    assert!(err.to_string().contains("audit stream"), "{err}");
     let state = store.peek(&k, orders).await.expect("peeks");
     assert_eq!(state.remaining(), 2, "nothing taken");
 }
@@ -238,7 +228,7 @@ async fn a_layer_rule_with_an_audit_trail_records_each_request() {
     use tower::{Layer, Service, ServiceExt};
 
     let clock = ManualClock::new(START);
-    let (store, prefix) = store(&clock).await;
+    let store = store(&clock).await;
     let audit = Audit::new(cap(100)).process("web-1");
     let rule = Rule::new(
         "per-key",
@@ -247,7 +237,7 @@ async fn a_layer_rule_with_an_audit_trail_records_each_request() {
     )
     .expect("a rule")
     .audit(audit);
-    let mut svc = RateLimitLayer::new(store)
+    let mut svc = RateLimitLayer::new(store.clone())
         .rule(rule)
         .layer(tower::service_fn(|_: http::Request<String>| async {
             Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
@@ -269,7 +259,7 @@ async fn a_layer_rule_with_an_audit_trail_records_each_request() {
     }
     assert_eq!(statuses, [200, 200, 429]);
     let k = BucketKey::hashed("per-key", "k1").expect("a key");
-    let trail = entries(&stream(&prefix, &k)).await;
+    let trail = entries(&store.audit_key(&k)).await;
     let got: Vec<_> = trail
         .iter()
         .map(|e| (e["o"].as_str(), e["p"].as_str()))
@@ -294,12 +284,12 @@ async fn a_middleware_route_with_an_audit_trail_records_each_request() {
     use crate::support::upstream::{BASE, Upstream};
 
     let clock = ManualClock::new(START);
-    let (store, prefix) = store(&clock).await;
+    let store = store(&clock).await;
     let route = Route::new("orders", limit(1, 60_000, 2), "/orders")
         .expect("a route")
         .audit(Audit::new(cap(100)).process("worker-7"));
     // No waiting: the third request is refused at once, not sent a minute on.
-    let limiter = RateLimitMiddleware::new(store)
+    let limiter = RateLimitMiddleware::new(store.clone())
         .with_clock(clock.clone())
         .route(route)
         .max_wait(ZERO);
@@ -318,7 +308,7 @@ async fn a_middleware_route_with_an_audit_trail_records_each_request() {
     }
     assert_eq!(local_429, 1);
     let k = key("orders", "seller-9");
-    let trail = entries(&stream(&prefix, &k)).await;
+    let trail = entries(&store.audit_key(&k)).await;
     let got: Vec<_> = trail
         .iter()
         .map(|e| (e["o"].as_str(), e["p"].as_str()))

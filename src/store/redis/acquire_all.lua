@@ -109,14 +109,18 @@ for i = 1, n do
     held = stored and ts or -1}
 end
 
--- An audit stream someone else wrote refuses the request before anything is written, as a
--- bucket would: an append failing after the decision was written would report an error for
--- tokens already taken.
+-- Every audit record checked, and an audit stream someone else wrote refusing the request,
+-- before anything is written, as a bucket would: an append failing after the decision was
+-- written would report an error for tokens already taken.
 for j = 1, audits do
+  local i, cap, retain = struct.unpack('<ddd', ARGV[2], 1 + 36 * (j - 1))
+  if not (i >= 1 and i <= n and i % 1 == 0 and cap >= 1 and cap % 1 == 0
+      and retain >= 1 and retain <= MAX_TIME and retain % 1 == 0) then
+    return redis.error_reply('burstgate: the arguments do not match the keys')
+  end
   local kind = redis.call('TYPE', KEYS[n + j])['ok']
   if kind ~= 'stream' and kind ~= 'none' then
-    local i = struct.unpack('<d', ARGV[2], 1 + 36 * (j - 1))
-    return redis.error_reply('WRONGTYPE burstgate: the value at key ' .. string.format('%d', i) .. ' has an audit stream that is not a stream')
+    return redis.error_reply('BURSTGATE_AUDIT burstgate: the audit stream of the bucket at key ' .. string.format('%d', i) .. ' is not a stream')
   end
 end
 

@@ -27,6 +27,10 @@ const CLAIM_SOURCE: &str = include_str!("claim.lua");
 /// The error code the script answers a stored value with that no script could have written.
 pub(super) const CORRUPT_CODE: &str = "BURSTGATE_CORRUPT";
 
+/// The error code the several-bucket script answers when an audited bucket's stream key holds
+/// something other than a stream.
+const AUDIT_CODE: &str = "BURSTGATE_AUDIT";
+
 /// The bucket script, shared by every store in the process: its SHA-1 is computed once.
 pub fn script() -> &'static redis::Script {
     static SCRIPT: std::sync::OnceLock<redis::Script> = std::sync::OnceLock::new();
@@ -219,6 +223,14 @@ where
                 permit.success();
                 let key = what.named(&e).unwrap_or(key);
                 Err(Failure::Fatal(StoreError::WrongType {
+                    bucket: key.bucket().to_owned(),
+                    fingerprint: key.fingerprint(),
+                }))
+            }
+            Ok(Err(e)) if e.code() == Some(AUDIT_CODE) => {
+                permit.success();
+                let key = what.named(&e).unwrap_or(key);
+                Err(Failure::Fatal(StoreError::AuditNotAStream {
                     bucket: key.bucket().to_owned(),
                     fingerprint: key.fingerprint(),
                 }))
