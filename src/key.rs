@@ -63,13 +63,13 @@ impl BucketName {
     /// The bucket for the caller `key`, as [`BucketKey::new`] makes it, without checking the
     /// name again.
     pub fn key(&self, key: impl AsRef<[u8]>) -> Result<BucketKey, InvalidKey> {
-        BucketKey::build(self, key.as_ref(), Hashing::None)
+        BucketKey::build(self.as_str(), key.as_ref(), Hashing::None)
     }
 
     /// The bucket for the caller `key`, stored as its plain SHA-256, as [`BucketKey::hashed`]
     /// makes it.
     pub fn hashed_key(&self, key: impl AsRef<[u8]>) -> Result<BucketKey, InvalidKey> {
-        BucketKey::build(self, key.as_ref(), Hashing::Plain)
+        BucketKey::build(self.as_str(), key.as_ref(), Hashing::Plain)
     }
 
     /// The bucket for the caller `key`, stored as its HMAC-SHA256 under `secret`, as
@@ -79,7 +79,7 @@ impl BucketName {
         key: impl AsRef<[u8]>,
         secret: &KeySecret,
     ) -> Result<BucketKey, InvalidKey> {
-        BucketKey::build(self, key.as_ref(), Hashing::Keyed(secret))
+        BucketKey::build(self.as_str(), key.as_ref(), Hashing::Keyed(secret))
     }
 }
 
@@ -159,7 +159,7 @@ impl BucketKey {
     /// chosen by the program, so anything else is a bug worth hearing about. The key must not be
     /// empty. Where one name serves many keys, check it once with [`BucketName`].
     pub fn new(bucket: &str, key: impl AsRef<[u8]>) -> Result<Self, InvalidKey> {
-        Self::build(&BucketName::new(bucket)?, key.as_ref(), Hashing::None)
+        Self::build(checked_name(bucket)?, key.as_ref(), Hashing::None)
     }
 
     /// Like [`new`](Self::new), but the key is always stored as its plain SHA-256.
@@ -168,7 +168,7 @@ impl BucketKey {
     /// store can hash candidate keys and compare. Use [`keyed`](Self::keyed) for passwords,
     /// tokens and anything else an attacker would like to learn.
     pub fn hashed(bucket: &str, key: impl AsRef<[u8]>) -> Result<Self, InvalidKey> {
-        Self::build(&BucketName::new(bucket)?, key.as_ref(), Hashing::Plain)
+        Self::build(checked_name(bucket)?, key.as_ref(), Hashing::Plain)
     }
 
     /// Like [`new`](Self::new), but the key is always stored as its HMAC-SHA256 under `secret`:
@@ -182,18 +182,14 @@ impl BucketKey {
         key: impl AsRef<[u8]>,
         secret: &KeySecret,
     ) -> Result<Self, InvalidKey> {
-        Self::build(
-            &BucketName::new(bucket)?,
-            key.as_ref(),
-            Hashing::Keyed(secret),
-        )
+        Self::build(checked_name(bucket)?, key.as_ref(), Hashing::Keyed(secret))
     }
 
-    fn build(bucket: &BucketName, key: &[u8], hashing: Hashing<'_>) -> Result<Self, InvalidKey> {
+    /// The key of `bucket`, a checked name, for the caller `key`.
+    fn build(bucket: &str, key: &[u8], hashing: Hashing<'_>) -> Result<Self, InvalidKey> {
         if key.is_empty() {
             return Err(InvalidKey::EmptyKey);
         }
-        let bucket = bucket.as_str();
         let mut id = String::with_capacity(bucket.len() + 1 + key.len().min(MAX_ESCAPED_KEY_LEN));
         id.push_str(bucket);
         id.push(':');
@@ -333,6 +329,13 @@ impl BucketKey {
         out.copy_from_slice(&digest[..6]);
         out
     }
+}
+
+/// `name` if it may name a bucket, as [`BucketName::new`] checks it, without the copy a
+/// `BucketName` keeps: a server builds a key from each request.
+fn checked_name(name: &str) -> Result<&str, InvalidKey> {
+    check_name(name).map_err(InvalidKey::BucketName)?;
+    Ok(name)
 }
 
 #[derive(Clone, Copy)]

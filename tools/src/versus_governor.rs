@@ -13,7 +13,9 @@
 //! - one `String` key, one thread;
 //! - 10,000 `String` keys round robin, one thread;
 //! - the same 10,000 keys on two threads at once, one starting halfway round, each side against
-//!   its own one-thread figure of the same round (two threads' throughput over one thread's).
+//!   its own one-thread figure of the same round (two threads' throughput over one thread's);
+//! - the 10,000 keys built per call from their text, as a server builds them from each request:
+//!   `BucketKey::new` for burstgate, the `String` governor's keyed limiter takes for governor.
 //!
 //! Each round also times a cache line passed back and forth between the two threads: what one
 //! core waits for a line the other has just written. Two threads on shared buckets pay it for
@@ -52,6 +54,35 @@ fn burstgate(store: &MemoryStore<QuantaClock>, keys: &[BucketKey], start: usize,
             Poll::Ready(Ok(d)) => assert!(black_box(d).is_admitted()),
             other => panic!("a MemoryStore decision was {other:?}"),
         }
+    }
+}
+
+/// [`burstgate`] with each decision's key built from its text, as a server builds it from each
+/// request (a header's value): `BucketKey::new` per call.
+fn burstgate_built(store: &MemoryStore<QuantaClock>, names: &[String], start: usize, n: usize) {
+    let limit = Limit::per_second(u32::MAX).expect("a valid limit");
+    let mut cx = Context::from_waker(Waker::noop());
+    for i in 0..n {
+        let name = &names[(start + i) % names.len()];
+        let key = BucketKey::new("bench", name).expect("a valid key");
+        match pin!(store.acquire(&key, limit, 1, Duration::ZERO)).poll(&mut cx) {
+            Poll::Ready(Ok(d)) => assert!(black_box(d).is_admitted()),
+            other => panic!("a MemoryStore decision was {other:?}"),
+        }
+    }
+}
+
+/// [`governor`] with each decision's key built from its text: the `String` its keyed limiter
+/// takes, from the request's `&str`.
+fn governor_built(
+    limiter: &DefaultKeyedRateLimiter<String>,
+    names: &[String],
+    start: usize,
+    n: usize,
+) {
+    for i in 0..n {
+        let key = names[(start + i) % names.len()].as_str().to_owned();
+        assert!(black_box(limiter.check_key(&key).is_ok()));
     }
 }
 
@@ -141,16 +172,19 @@ fn main() -> Result<(), BoxError> {
         RateLimiter::keyed(Quota::per_second(NonZeroU32::MAX));
 
     println!("{rounds} rounds of {decisions} decisions per side and case, in turns of {CHUNK}");
-    let mut figures: [Vec<f64>; 7] = Default::default();
+    let mut figures: [Vec<f64>; 8] = Default::default();
     for round in 0..rounds {
-        // ns per decision: [burstgate, governor] × [1 key, 10k keys, 10k keys on two threads].
-        let mut ns = [0.0; 6];
+        // ns per decision: [burstgate, governor] × [1 key, 10k keys, 10k keys on two threads,
+        // 10k keys built per call].
+        let mut ns = [0.0; 8];
         for turn in 0..decisions / CHUNK {
             let at = (round * decisions + turn * CHUNK) % KEYS;
             ns[0] += timed(|| burstgate(&store, &keys[..1], 0, CHUNK));
             ns[1] += timed(|| governor(&limiter, &names[..1], 0, CHUNK));
             ns[2] += timed(|| burstgate(&store, &keys, at, CHUNK));
             ns[3] += timed(|| governor(&limiter, &names, at, CHUNK));
+            ns[6] += timed(|| burstgate_built(&store, &names, at, CHUNK));
+            ns[7] += timed(|| governor_built(&limiter, &names, at, CHUNK));
         }
         // Two threads, in longer turns (each starts its threads anew).
         let turns = (decisions / CHUNK).div_ceil(4);
@@ -167,6 +201,7 @@ fn main() -> Result<(), BoxError> {
         // Two threads made `turns * per_turn` decisions each in the time measured, so twice as
         // many as one thread in that time, at equal time per decision.
         let (b2, g2) = (per(ns[4], turns * per_turn), per(ns[5], turns * per_turn));
+        let (bb, gb) = (per(ns[6], decisions), per(ns[7], decisions));
         let row = [
             b1 / g1,
             b10 / g10,
@@ -175,22 +210,25 @@ fn main() -> Result<(), BoxError> {
             b1,
             g1,
             transfer,
+            bb / gb,
         ];
         println!(
             "round {round}: 1 key {b1:.1} vs {g1:.1} ns ({:.3}), 10k keys {b10:.1} vs {g10:.1} ns \
-             ({:.3}), two threads' throughput over one: burstgate {:.2}, governor {:.2}; cache \
-             line between the cores {transfer:.0} ns",
-            row[0], row[1], row[2], row[3],
+             ({:.3}), keys built per call {bb:.1} vs {gb:.1} ns ({:.3}), two threads' throughput \
+             over one: burstgate {:.2}, governor {:.2}; cache line between the cores \
+             {transfer:.0} ns",
+            row[0], row[1], row[7], row[2], row[3],
         );
         for (list, value) in figures.iter_mut().zip(row) {
             list.push(value);
         }
     }
-    let [one, many, two_b, two_g, b1, g1, transfer] = figures.map(median);
+    let [one, many, two_b, two_g, b1, g1, transfer, built] = figures.map(median);
     println!(
         "medians: burstgate's time over governor's: 1 key {one:.3} ({b1:.1} vs {g1:.1} ns), \
-         10k keys {many:.3}; two threads' throughput over one: burstgate {two_b:.2}, governor \
-         {two_g:.2}; cache line between the cores {transfer:.0} ns"
+         10k keys {many:.3}, 10k keys built per call {built:.3}; two threads' throughput over \
+         one: burstgate {two_b:.2}, governor {two_g:.2}; cache line between the cores \
+         {transfer:.0} ns"
     );
     Ok(())
 }
