@@ -147,6 +147,23 @@ struct Args {
     /// Decisions per side and case in a round, rounded up to whole turns.
     #[arg(long, default_value_t = 2_000_000, value_parser = at_least_one)]
     decisions: usize,
+    /// Runs one side of one case alone, `--decisions` of them, and prints nothing else: for
+    /// `perf stat` or callgrind, which count a whole process.
+    #[arg(long, value_enum)]
+    only: Option<Only>,
+}
+
+/// One side of one case.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Only {
+    /// burstgate on the 10,000 prebuilt keys.
+    Keys,
+    /// burstgate on the 10,000 keys built per call.
+    Built,
+    /// governor on the 10,000 keys.
+    GovernorKeys,
+    /// governor on the 10,000 keys built per call.
+    GovernorBuilt,
 }
 
 fn at_least_one(value: &str) -> Result<usize, String> {
@@ -171,6 +188,15 @@ fn main() -> Result<(), BoxError> {
     let limiter: DefaultKeyedRateLimiter<String> =
         RateLimiter::keyed(Quota::per_second(NonZeroU32::MAX));
 
+    if let Some(only) = args.only {
+        match only {
+            Only::Keys => burstgate(&store, &keys, 0, decisions),
+            Only::Built => burstgate_built(&store, &names, 0, decisions),
+            Only::GovernorKeys => governor(&limiter, &names, 0, decisions),
+            Only::GovernorBuilt => governor_built(&limiter, &names, 0, decisions),
+        }
+        return Ok(());
+    }
     println!("{rounds} rounds of {decisions} decisions per side and case, in turns of {CHUNK}");
     let mut figures: [Vec<f64>; 8] = Default::default();
     for round in 0..rounds {
