@@ -263,11 +263,8 @@ mod on_redis {
         route
     }
 
-    /// The batch on `limit` (burst 3) through a store on the test Redis, asked to queue: what
-    /// came of it, and how many requests the upstream saw.
-    async fn run(limit: Limit) -> (Outcome, usize) {
-        let per_token = limit.interval() / limit.tokens();
-        let upstream = StrictUpstream::start(per_token, limit.burst()).await;
+    /// A client on a store of its own on the test Redis, its route on `limit`, asked to queue.
+    async fn queued_client(limit: Limit) -> reqwest_middleware::ClientWithMiddleware {
         let store = RedisStore::connect(&redis_server::url())
             .await
             .expect("a store on the test Redis")
@@ -276,9 +273,17 @@ mod on_redis {
         let limiter = RateLimitMiddleware::new(store)
             .route(route(limit))
             .max_wait(super::QUEUE);
-        let client = ClientBuilder::new(reqwest::Client::new())
+        ClientBuilder::new(reqwest::Client::new())
             .with(limiter)
-            .build();
+            .build()
+    }
+
+    /// The batch on `limit` (burst 3) through a store on the test Redis, asked to queue: what
+    /// came of it, and how many requests the upstream saw.
+    async fn run(limit: Limit) -> (Outcome, usize) {
+        let per_token = limit.interval() / limit.tokens();
+        let upstream = StrictUpstream::start(per_token, limit.burst()).await;
+        let client = queued_client(limit).await;
         let url = format!("{}/orders", upstream.url);
         let start = Instant::now();
         let tasks: Vec<_> = (0..BATCH)
@@ -338,17 +343,7 @@ mod on_redis {
     async fn a_queued_batch_dropped_at_once_gives_back_every_queued_token_on_redis() {
         let limit = burst_3(Limit::per_second(10));
         let upstream = StrictUpstream::start(Duration::from_millis(100), 3).await;
-        let store = RedisStore::connect(&redis_server::url())
-            .await
-            .expect("a store on the test Redis")
-            .prefix(&redis_server::unique_prefix())
-            .expect("a valid prefix");
-        let limiter = RateLimitMiddleware::new(store)
-            .route(route(limit))
-            .max_wait(super::QUEUE);
-        let client = ClientBuilder::new(reqwest::Client::new())
-            .with(limiter)
-            .build();
+        let client = queued_client(limit).await;
         let url = format!("{}/orders", upstream.url);
         let start = Instant::now();
         // Dropped before the first queued turn, 110 ms after the start.
