@@ -751,5 +751,8 @@ pub(crate) fn sound_halt(halt: f64) -> bool {
     halt >= 0.0 && halt <= MAX_TIME as f64 && halt as i64 as f64 == halt
 }
 
+#[cfg(feature = "redis")]
+pub(crate) mod lease;
+
 #[cfg(test)]
 mod tests;

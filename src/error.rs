@@ -134,6 +134,30 @@ impl fmt::Display for InvalidName {
     }
 }
 
+/// Why a lease setting was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum InvalidLeases {
+    /// A lease's time was under 20 ms or over 60 s.
+    Time {
+        /// The time given.
+        time: Duration,
+    },
+}
+
+impl fmt::Display for InvalidLeases {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Time { time } => write!(
+                f,
+                "a lease of {time:?} is refused: a lease lasts from 20 ms to 60 s"
+            ),
+        }
+    }
+}
+
+impl StdError for InvalidLeases {}
+
 /// Why a [`Limit`] was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -297,6 +321,19 @@ pub enum StoreError {
         /// The bucket key's [`fingerprint`](crate::BucketKey::fingerprint), not the key itself.
         fingerprint: String,
     },
+    /// Tokens of the bucket are out on lease ([`Leases`](crate::Leases)): while they are, only a
+    /// store in lease mode decides on it. The call was refused without changing anything; it
+    /// succeeds again once every lease has ended (given back, or past its time).
+    Leased {
+        /// The bucket name, as the program chose it.
+        bucket: String,
+        /// The bucket key's [`fingerprint`](crate::BucketKey::fingerprint), not the key itself.
+        fingerprint: String,
+    },
+    /// A store in lease mode ([`Leases`](crate::Leases)) was asked for what a lease cannot
+    /// serve: a reservation (a `max_wait` above zero) or several buckets at once. Nothing was
+    /// taken; such requests go to a store that does not lease.
+    NotLeasable,
     /// A [`MemoryStore`](crate::MemoryStore) at its bound of buckets met a new key, and every
     /// bucket it could have forgotten to make room was in debt (reservations wait on it). The
     /// call changed nothing.
@@ -374,6 +411,16 @@ impl fmt::Display for StoreError {
             } => write!(
                 f,
                 "the audit stream of bucket {bucket:?}, key fingerprint {fingerprint}, is a key that holds something other than a stream"
+            ),
+            Self::Leased {
+                bucket,
+                fingerprint,
+            } => write!(
+                f,
+                "tokens of bucket {bucket:?}, key fingerprint {fingerprint}, are out on lease; only a store in lease mode decides on it until they are back"
+            ),
+            Self::NotLeasable => f.write_str(
+                "a store in lease mode takes no reservation (max_wait above zero) and no request on several buckets",
             ),
             Self::TooManyBuckets { max } => write!(
                 f,

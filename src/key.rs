@@ -354,7 +354,7 @@ pub(crate) fn push_hex(out: &mut String, bytes: &[u8]) {
 }
 
 /// 32 bytes from the operating system's random source.
-#[cfg_attr(not(feature = "reqwest"), allow(dead_code))]
+#[cfg_attr(not(any(feature = "reqwest", feature = "redis")), allow(dead_code))]
 pub(crate) fn random_bytes() -> [u8; 32] {
     let mut bytes = [0u8; 32];
     if getrandom::fill(&mut bytes).is_err() {

@@ -289,7 +289,8 @@ pub use clock::QuantaClock;
 pub use clock::ServerClock;
 pub use clock::{Clock, ManualClock, SystemClock, TokioClock};
 pub use error::{
-    BackendError, InvalidKey, InvalidLimit, InvalidName, ParseLimitError, RateLimited, StoreError,
+    BackendError, InvalidKey, InvalidLeases, InvalidLimit, InvalidName, ParseLimitError,
+    RateLimited, StoreError,
 };
 pub use key::{BucketKey, BucketName, KeySecret};
 #[cfg(feature = "tower")]
@@ -310,7 +311,7 @@ pub use store::{
 };
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-pub use store::{Breaker, RedisStore};
+pub use store::{Breaker, Leases, RedisStore};
 
 /// Not part of the stable API: anything here may change or go in any release, patch releases
 /// included. It exists for the tools of this crate's workspace (`tools/`), which speak the

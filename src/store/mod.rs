@@ -74,7 +74,7 @@ mod redis;
 pub use self::redis::raw;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-pub use self::redis::{Breaker, RedisStore};
+pub use self::redis::{Breaker, Leases, RedisStore};
 
 /// A place that keeps token buckets and decides on them atomically.
 ///

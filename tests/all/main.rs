@@ -29,6 +29,7 @@ mod layer_http;
 mod layer_keys;
 mod layer_ops;
 mod layer_outage;
+mod leases;
 mod middleware;
 mod middleware_batch;
 mod middleware_feedback;

@@ -15,7 +15,8 @@
 --          is kept after the last (ms)
 -- ARGV[3..] with audit streams only: each stream's process label, in order
 -- Errors   name the key by its place in KEYS, from 1: 'WRONGTYPE burstgate: the value at key 2
---          ...' and 'BURSTGATE_CORRUPT burstgate: the value at key 2 ...'
+--          ...', 'BURSTGATE_CORRUPT burstgate: the value at key 2 ...' and, for a bucket with
+--          tokens out on lease (lease.lua's value), 'BURSTGATE_LEASED burstgate: ... at key 2 ...'
 -- Returns  one string: for each key in order, struct.pack('<ddddddd', allowed, wait, remaining,
 --          reset, at, t, ts), the first five whole numbers. allowed is the same for every key.
 --          Admitted, wait is the request's (the largest of the keys' own waits), every key was
@@ -82,6 +83,8 @@ for i = 1, n do
         return redis.error_reply('BURSTGATE_CORRUPT burstgate: the value at key ' .. i .. ' is not one a bucket script writes')
       end
       if not (halt + lead > (now > ts and now or ts)) then halt = 0 end
+    elseif #stored > 32 and (#stored - 24) % 24 == 0 then
+      return redis.error_reply('BURSTGATE_LEASED burstgate: tokens of the bucket at key ' .. i .. ' are out on lease')
     else
       return redis.error_reply('WRONGTYPE burstgate: the value at key ' .. i .. ' is not a bucket')
     end

@@ -73,6 +73,9 @@ if stored then
     -- reservation still waiting: forgotten, and the next write goes back to 24 bytes. (A ts
     -- moved back below drops the halt anyway.)
     if not (halt + lead > (now > ts and now or ts)) then halt = 0 end
+  elseif #stored > 32 and (#stored - 24) % 24 == 0 then
+    -- lease.lua's value, with tokens out on lease: decided by that script alone.
+    return redis.error_reply('BURSTGATE_LEASED burstgate: tokens of the bucket are out on lease')
   else
     return redis.error_reply('WRONGTYPE burstgate: the value at the key is not a bucket')
   end

@@ -36,6 +36,12 @@ where
         max_wait: Duration,
     ) -> Result<Decision, StoreError> {
         let cost_f = check_cost(&limit, cost)?;
+        if let Some(leases) = &self.leases {
+            if !max_wait.is_zero() {
+                return Err(StoreError::NotLeasable);
+            }
+            return self.acquire_leased(leases, key, limit, cost).await;
+        }
         let max_wait_ms = whole_ms(max_wait);
         let now = self.clock.now_ms();
         let mut predicted = None;
@@ -121,6 +127,9 @@ where
         check_takes(takes)?;
         if takes.is_empty() {
             return Ok(Vec::new());
+        }
+        if self.leases.is_some() {
+            return Err(StoreError::NotLeasable);
         }
         let now = self.clock.now_ms();
         let max_wait_ms = whole_ms(max_wait);

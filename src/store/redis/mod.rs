@@ -4,6 +4,8 @@
 //! - `bucket_store.rs`: its `BucketStore` impl, each method one call of a script on the
 //!   bucket's key, with the deny cache in front and the outage policy behind;
 //! - `bucket.lua`: the bucket script, the Lua mirror of `bucket.rs`;
+//! - `lease.lua` and `lease.rs`: lease mode, the script (the Lua mirror of `bucket/lease.rs`)
+//!   and the leases this process holds;
 //! - `acquire_all.lua`: the several-bucket script, the Lua mirror of `bucket::evaluate_all`;
 //! - `script.rs`: the scripts' sources and SHA-1s, and one call of a script through the breaker,
 //!   the bound on calls in flight and the timeout, with what each error from Redis means;
@@ -36,6 +38,7 @@ use crate::{BucketKey, InvalidKey};
 mod breaker;
 mod bucket_store;
 mod deny_cache;
+mod lease;
 mod outage;
 pub mod raw;
 mod reconnect;
@@ -46,6 +49,7 @@ use crate::store::OutagePolicy;
 pub use breaker::Breaker;
 use breaker::Circuit;
 use deny_cache::DenyCache;
+pub use lease::Leases;
 use reconnect::Reconnect;
 use wire::{FORMAT, RedisKey};
 
@@ -213,6 +217,8 @@ pub struct RedisStore<C, K = ServerClock> {
     /// bucket starts an outage empty as of then, as if its local bucket had been drained with
     /// every decision Redis made, without holding a local bucket for every key.
     last_answer: Arc<AtomicU64>,
+    /// The leases of lease mode ([`RedisStore::leases`]), when it is on.
+    leases: Option<Arc<lease::Table>>,
 }
 
 /// The pipeline buffer of [`RedisStore::connect`]'s connection: two groups at 16 tasks, which is
@@ -348,6 +354,7 @@ where
             local: MemoryStore::new().with_clock(Arc::clone(&clock)),
             touched: Arc::default(),
             last_answer: Arc::default(),
+            leases: None,
             clock,
             prefix: Arc::from(DEFAULT_PREFIX),
             timeout: DEFAULT_TIMEOUT,
@@ -384,6 +391,8 @@ where
             local: MemoryStore::new().with_clock(Arc::clone(&self.clock)),
             touched: Arc::default(),
             last_answer: Arc::default(),
+            // Leases of its own, for the same reason, in the same mode.
+            leases: self.leases.as_ref().map(|t| Arc::new(t.renewed())),
             ..self
         })
     }
@@ -405,6 +414,7 @@ where
             local: MemoryStore::new().with_clock(Arc::clone(&clock)),
             touched: Arc::default(),
             last_answer: Arc::default(),
+            leases: self.leases.as_ref().map(|t| Arc::new(t.renewed())),
             clock,
             prefix: self.prefix,
             timeout: self.timeout,
@@ -522,6 +532,7 @@ impl<C: Clone, K> Clone for RedisStore<C, K> {
             local: self.local.clone(),
             touched: Arc::clone(&self.touched),
             last_answer: Arc::clone(&self.last_answer),
+            leases: self.leases.clone(),
         }
     }
 }

@@ -8,10 +8,11 @@ use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 
 use super::RedisStore;
 use super::wire::{
-    Args, Each, RedisKey, Reply, book, claim, command, command_all, delete, pack_all, parse_all,
-    parse_reply,
+    Args, Each, LeaseArgs, RedisKey, Reply, book, claim, command, command_all, delete,
+    lease_command, pack_all, parse_all, parse_renewal, parse_reply,
 };
 use crate::BucketKey;
+use crate::bucket::lease::Renewal;
 use crate::clock::Clock;
 use crate::store::{BackendError, Claim, StoreError, Take};
 
@@ -23,6 +24,12 @@ const ALL_SOURCE: &str = include_str!("acquire_all.lua");
 
 /// The claim script, `claim.lua` beside this file.
 const CLAIM_SOURCE: &str = include_str!("claim.lua");
+
+/// The lease script, `lease.lua` beside this file.
+pub(super) const LEASE_SOURCE: &str = include_str!("lease.lua");
+
+/// The error code the scripts answer a bucket with when tokens of it are out on lease.
+const LEASED_CODE: &str = "BURSTGATE_LEASED";
 
 /// The error code the script answers a stored value with that no script could have written.
 pub(super) const CORRUPT_CODE: &str = "BURSTGATE_CORRUPT";
@@ -41,6 +48,12 @@ pub fn script() -> &'static redis::Script {
 pub(super) fn script_all() -> &'static redis::Script {
     static SCRIPT: std::sync::OnceLock<redis::Script> = std::sync::OnceLock::new();
     SCRIPT.get_or_init(|| redis::Script::new(ALL_SOURCE))
+}
+
+/// The lease script, shared as [`script`] is.
+pub(super) fn script_lease() -> &'static redis::Script {
+    static SCRIPT: std::sync::OnceLock<redis::Script> = std::sync::OnceLock::new();
+    SCRIPT.get_or_init(|| redis::Script::new(LEASE_SOURCE))
 }
 
 /// The claim script, shared as [`script`] is.
@@ -90,6 +103,18 @@ where
     ) -> Result<Reply, Failure> {
         let value = self.send(key, Call::Script { now, args: &args }).await?;
         parse_reply(&value, &args, now).map_err(Failure::Fatal)
+    }
+
+    /// Runs the lease script for one bucket, through the circuit breaker and within the
+    /// timeout.
+    pub(super) async fn run_lease(
+        &self,
+        key: &BucketKey,
+        now: u64,
+        args: LeaseArgs,
+    ) -> Result<Renewal, Failure> {
+        let value = self.send(key, Call::Lease { now, args: &args }).await?;
+        parse_renewal(&value, &args.ask).map_err(Failure::Fatal)
     }
 
     /// Deletes one bucket's key (a reset), through the circuit breaker and within the timeout,
@@ -235,6 +260,14 @@ where
                     fingerprint: key.fingerprint(),
                 }))
             }
+            Ok(Err(e)) if e.code() == Some(LEASED_CODE) => {
+                permit.success();
+                let key = what.named(&e).unwrap_or(key);
+                Err(Failure::Fatal(StoreError::Leased {
+                    bucket: key.bucket().to_owned(),
+                    fingerprint: key.fingerprint(),
+                }))
+            }
             Ok(Err(e)) if e.code() == Some(CORRUPT_CODE) => {
                 permit.success();
                 let key = what.named(&e).unwrap_or(key);
@@ -338,6 +371,8 @@ fn is_redirect(e: &RedisError) -> bool {
 enum Call<'a> {
     /// The script, with these arguments, at `now`.
     Script { now: u64, args: &'a Args },
+    /// The lease script, with these arguments, at `now`.
+    Lease { now: u64, args: &'a LeaseArgs },
     /// A `DEL` of the key.
     Delete,
     /// A `SET NX PX` booking a one-time mark beside the key.
@@ -370,6 +405,7 @@ impl<'a> Call<'a> {
     fn name(&self) -> &'static str {
         match self {
             Self::Script { args, .. } => args.op.name(),
+            Self::Lease { .. } => "lease",
             Self::Delete => "reset",
             Self::Book { .. } => "book",
             Self::Claim { .. } => "claim",
@@ -388,6 +424,21 @@ async fn invoke(
 ) -> Result<Value, RedisError> {
     let (now, args) = match what {
         Call::Script { now, args } => (now, args),
+        Call::Lease { now, args } => {
+            let packed = args.pack(now);
+            let sha = script_lease().get_hash();
+            return match lease_command("EVALSHA", sha, redis_key, &packed)
+                .query_async(conn)
+                .await
+            {
+                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    lease_command("EVAL", LEASE_SOURCE, redis_key, &packed)
+                        .query_async(conn)
+                        .await
+                }
+                done => done,
+            };
+        }
         Call::Delete => return delete(redis_key).query_async(conn).await,
         Call::Book { id, ttl_ms } => return book(redis_key, id, ttl_ms).query_async(conn).await,
         Call::Claim { id } => {

@@ -10,6 +10,9 @@ use std::fmt;
 
 use redis::{Cmd, Value};
 
+#[cfg(test)]
+use crate::bucket::lease::Lease;
+use crate::bucket::lease::{Ask, Renewal};
 use crate::bucket::{self, Params, State, Verdict};
 use crate::store::{BackendError, StoreError, Take};
 use crate::{BucketKey, Limit};
@@ -197,6 +200,131 @@ impl Args {
         }
         packed
     }
+}
+
+/// One renewal's arguments, for the lease script.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct LeaseArgs {
+    pub(super) limit: Limit,
+    pub(super) ask: Ask,
+}
+
+/// The lease script's one argument: twelve little-endian `f64`s.
+pub(super) const LEASE_ARGS: usize = 12 * 8;
+
+impl LeaseArgs {
+    /// `ARGV[1]` as `lease.lua` unpacks it: now, the limit as the bucket script takes it
+    /// (tokens, interval, capacity, lead bound, most debt), then the holder and what it gives
+    /// back, keeps, wants and needs at least, and the lease's time.
+    pub(super) fn pack(&self, now: u64) -> [u8; LEASE_ARGS] {
+        let p = Params::of(&self.limit);
+        let a = self.ask;
+        let values = [
+            now as f64,
+            p.tokens,
+            p.interval,
+            p.capacity,
+            p.lead(),
+            p.most_debt(),
+            a.holder,
+            a.ret,
+            a.keep,
+            a.want,
+            a.least,
+            a.time,
+        ];
+        let mut packed = [0; LEASE_ARGS];
+        for (chunk, v) in packed.chunks_exact_mut(8).zip(values) {
+            chunk.copy_from_slice(&v.to_le_bytes());
+        }
+        packed
+    }
+}
+
+/// One call of the lease script.
+pub(super) fn lease_command(
+    name: &str,
+    script: &str,
+    redis_key: RedisKey<'_>,
+    packed: &[u8; LEASE_ARGS],
+) -> Cmd {
+    let mut cmd = Cmd::with_capacity(5, name.len() + script.len() + 1 + 270 + LEASE_ARGS);
+    cmd.arg(name)
+        .arg(script)
+        .arg(1)
+        .arg(redis_key_arg(redis_key))
+        .arg(&packed[..]);
+    cmd
+}
+
+/// The lease script's reply: `granted, kept, wait, remaining, at`, five whole `f64`s, of which
+/// the grant is at most what was wanted and the tokens kept at most what the holder asked to
+/// keep.
+pub(super) fn parse_renewal(value: &Value, ask: &Ask) -> Result<Renewal, StoreError> {
+    let bad = || {
+        StoreError::Backend(BackendError::new(
+            "the lease script answered something other than a renewal",
+            None,
+        ))
+    };
+    let Value::BulkString(bytes) = value else {
+        return Err(bad());
+    };
+    let Ok(numbers) = <&[u8; 40]>::try_from(bytes.as_slice()) else {
+        return Err(bad());
+    };
+    let mut whole = [0u64; 5];
+    for (w, chunk) in whole.iter_mut().zip(numbers.chunks_exact(8)) {
+        let mut b = [0; 8];
+        b.copy_from_slice(chunk);
+        *w = to_whole(f64::from_le_bytes(b)).ok_or_else(bad)?;
+    }
+    let [granted, kept, wait, remaining, at] = whole;
+    let (granted, kept) = (granted as f64, kept as f64);
+    let granted_ok = granted == 0.0 || (granted >= ask.least && granted <= ask.want);
+    if !granted_ok || kept > ask.keep {
+        return Err(bad());
+    }
+    Ok(Renewal {
+        granted,
+        kept,
+        wait,
+        remaining,
+        at,
+    })
+}
+
+/// A value the lease script stored: the state, the leases, and `keep`; `None` for any other
+/// length.
+#[cfg(test)]
+pub(super) fn decode_leased(value: &[u8]) -> Option<(State, Vec<Lease>, f64)> {
+    let (head, rest) = value.split_first_chunk::<24>()?;
+    let (numbers, []) = head.as_chunks::<8>() else {
+        return None;
+    };
+    let [t, ts, keep] = numbers else { return None };
+    let (records, []) = rest.as_chunks::<24>() else {
+        return None;
+    };
+    let leases = records
+        .iter()
+        .map(|r| {
+            let (f, _) = r.as_chunks::<8>();
+            Lease {
+                holder: f64::from_le_bytes(f[0]),
+                amount: f64::from_le_bytes(f[1]),
+                expiry: f64::from_le_bytes(f[2]),
+            }
+        })
+        .collect();
+    Some((
+        State {
+            t: f64::from_le_bytes(*t),
+            ts: f64::from_le_bytes(*ts),
+        },
+        leases,
+        f64::from_le_bytes(*keep),
+    ))
 }
 
 /// What the script answered.

@@ -21,6 +21,7 @@ use burstgate_testkit::redis_server;
 
 mod differential;
 mod differential_all;
+mod differential_lease;
 
 pub(super) async fn connect() -> MultiplexedConnection {
     let url = redis_server::url();
