@@ -282,9 +282,13 @@ where
                     if watch {
                         self.watch(table, key, &slot, limit);
                     }
+                    // Answered without waiting on anything: spend tokio's budget, so that a
+                    // loop of such calls still lets other tasks run.
+                    tokio::task::coop::consume_budget().await;
                     return Ok(leased(limit, cost, remaining, now, 0, true));
                 }
                 Next::Denied { held, wait } => {
+                    tokio::task::coop::consume_budget().await;
                     return Ok(leased(limit, cost, held, now, wait, false));
                 }
                 Next::Wait => {
