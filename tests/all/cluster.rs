@@ -776,3 +776,38 @@ async fn an_audit_stream_sits_in_its_buckets_slot_on_every_primary() {
         slots.len()
     );
 }
+
+/// Lease mode on a cluster: each hot key's lease is taken on the primary that owns its slot,
+/// and what every key admits is its burst, exactly, from leases.
+#[tokio::test]
+#[ignore = "slow tier: run by .ci/run with --ignored"]
+async fn leases_work_per_key_on_every_primary() {
+    let cluster = redis_cluster::shared();
+    let clock = ManualClock::new(START);
+    let a = store(cluster, clock.clone())
+        .await
+        .leases(burstgate::Leases::new());
+    let prefix = prefix_of(&a);
+    let b = RedisStore::new(cluster.connection().await)
+        .prefix(&prefix)
+        .expect("a valid prefix")
+        .with_clock(clock)
+        .leases(burstgate::Leases::new());
+    let l = limit(1, 60_000, 64);
+    for i in 0..30 {
+        let k = key("hot", format!("tenant-{i}"));
+        let mut admitted = 0;
+        for _ in 0..100 {
+            for s in [&a, &b] {
+                if s.acquire(&k, l, 1, ZERO)
+                    .await
+                    .expect("decides")
+                    .is_admitted()
+                {
+                    admitted += 1;
+                }
+            }
+        }
+        assert_eq!(admitted, 64, "{k}");
+    }
+}

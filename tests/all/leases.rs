@@ -271,3 +271,94 @@ async fn a_holder_killed_with_its_lease_loses_at_most_that_lease_until_it_ends()
             .is_admitted()
     );
 }
+
+#[tokio::test]
+async fn only_the_buckets_named_are_leased_and_the_others_keep_every_feature() {
+    let prefix = redis_server::unique_prefix();
+    let clock = ManualClock::new(START);
+    let global = burstgate::BucketName::new("global").expect("a valid name");
+    let (store, _) = leasing(&prefix, &clock, Leases::new().bucket(global)).await;
+    let limit = Limit::per_second(10).expect("a valid limit");
+    let account = BucketKey::new("account", "seller-1").expect("a valid key");
+    let endpoint = BucketKey::new("endpoint", "seller-1").expect("a valid key");
+    // Not leased: reservations and several buckets at once, as on any store.
+    for _ in 0..10 {
+        let d = store.acquire(&account, limit, 1, ZERO).await;
+        assert!(d.expect("decides").is_admitted());
+    }
+    let reserved = store
+        .acquire(&account, limit, 1, Duration::from_secs(1))
+        .await
+        .expect("decides");
+    assert!(reserved.is_admitted() && reserved.wait() > ZERO);
+    let both = [
+        Take::new(&endpoint, limit, 1),
+        Take::new(&account, limit, 1),
+    ];
+    assert!(store.acquire_all(&both, ZERO).await.is_ok());
+    // Leased: from the lease, and refused what a lease cannot serve.
+    assert!(
+        store
+            .acquire(&key(), limit, 1, ZERO)
+            .await
+            .expect("decides")
+            .is_admitted()
+    );
+    let global_key = key();
+    let with_global = [
+        Take::new(&global_key, limit, 1),
+        Take::new(&account, limit, 1),
+    ];
+    assert!(matches!(
+        store.acquire_all(&with_global, ZERO).await,
+        Err(StoreError::NotLeasable)
+    ));
+}
+
+/// The tower layer over a store in lease mode: a global rule answers from the lease, exactly
+/// to the burst, then 429 with the time the next token comes.
+#[cfg(feature = "tower")]
+#[tokio::test]
+async fn a_layer_over_a_leased_store_admits_the_burst_and_then_refuses() {
+    use burstgate::layer::{KeyExtractor, RateLimitLayer, Rule};
+    use std::sync::atomic::AtomicUsize;
+    use tower::Layer;
+
+    use crate::support::layer::{call, counting};
+
+    let prefix = redis_server::unique_prefix();
+    let clock = ManualClock::new(START);
+    let (store, _) = leasing(&prefix, &clock, Leases::new()).await;
+    let limit = Limit::per_minute(1)
+        .and_then(|l| l.with_burst(10))
+        .expect("a valid limit");
+    let rule = Rule::new("global", limit, KeyExtractor::global()).expect("a valid rule");
+    let calls = Arc::new(AtomicUsize::new(0));
+    let mut svc = RateLimitLayer::new(store)
+        .rule(rule)
+        .layer(counting(&calls));
+    let mut statuses = Vec::new();
+    for _ in 0..15 {
+        let req = http::Request::builder()
+            .uri("/orders")
+            .body(String::new())
+            .expect("a valid request");
+        let res = call(&mut svc, req).await;
+        statuses.push(res.status().as_u16());
+        if res.status() == http::StatusCode::TOO_MANY_REQUESTS {
+            let retry: u64 = res
+                .headers()
+                .get("retry-after")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse().ok())
+                .expect("a retry-after in seconds");
+            assert!((1..=60).contains(&retry), "retry-after {retry}");
+        }
+    }
+    assert_eq!(
+        statuses.iter().filter(|&&s| s == 200).count(),
+        10,
+        "{statuses:?}"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 10);
+}

@@ -36,7 +36,7 @@ where
         max_wait: Duration,
     ) -> Result<Decision, StoreError> {
         let cost_f = check_cost(&limit, cost)?;
-        if let Some(leases) = &self.leases {
+        if let Some(leases) = self.leases.as_ref().filter(|t| t.covers(key)) {
             if !max_wait.is_zero() {
                 return Err(StoreError::NotLeasable);
             }
@@ -128,7 +128,9 @@ where
         if takes.is_empty() {
             return Ok(Vec::new());
         }
-        if self.leases.is_some() {
+        if let Some(leases) = &self.leases
+            && takes.iter().any(|t| leases.covers(t.key()))
+        {
             return Err(StoreError::NotLeasable);
         }
         let now = self.clock.now_ms();

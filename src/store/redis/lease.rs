@@ -16,7 +16,7 @@ use crate::bucket::lease::{Ask, MAX_LEASE_MS, Renewal};
 use crate::clock::Clock;
 use crate::error::InvalidLeases;
 use crate::store::{Decision, Source, StoreError};
-use crate::{BucketKey, Limit};
+use crate::{BucketKey, BucketName, Limit};
 
 /// The default time of a lease.
 const DEFAULT_TIME: Duration = Duration::from_secs(1);
@@ -58,7 +58,9 @@ const SHARE: u64 = 8;
 ///   difference to a few milliseconds.
 ///
 /// What a lease cannot serve is refused with [`StoreError::NotLeasable`], never changed in
-/// silence: a reservation (a `max_wait` above zero) and a request on several buckets. While
+/// silence: a reservation (a `max_wait` above zero) and a request on several buckets, one of
+/// them leased. Lease only the buckets that need it ([`bucket`](Self::bucket)), and the others
+/// keep every feature. While
 /// tokens of a bucket are out on lease, a store not in lease mode refuses the bucket with
 /// [`StoreError::Leased`], as do peeks, refunds, drains and the admin operations on it; a
 /// `reset` (a `DEL`) forgets the leases with the bucket, so until they end, up to one lease per
@@ -67,21 +69,43 @@ const SHARE: u64 = 8;
 /// When a renewal fails (Redis down, the circuit open), the tokens already leased are spent
 /// until the lease's time is up, and then the store's [`OutagePolicy`](crate::OutagePolicy)
 /// answers, as for any call. Leases work per key on a Redis Cluster, as every call does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Leases {
     time: Duration,
+    /// The buckets leased; every bucket when empty.
+    buckets: Vec<BucketName>,
 }
 
 impl Default for Leases {
     fn default() -> Self {
-        Self { time: DEFAULT_TIME }
+        Self {
+            time: DEFAULT_TIME,
+            buckets: Vec::new(),
+        }
     }
 }
 
 impl Leases {
-    /// Leases of one second.
+    /// Leases of one second, on every bucket of the store.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Leases on `bucket`'s keys only, and on those of every other bucket named this way: a
+    /// hot global limit leased, while the store decides on the other buckets (per account,
+    /// say, with reservations or several buckets at once) with one call each, as without
+    /// leases. By default every bucket is leased.
+    #[must_use]
+    pub fn bucket(mut self, bucket: BucketName) -> Self {
+        if !self.buckets.contains(&bucket) {
+            self.buckets.push(bucket);
+        }
+        self
+    }
+
+    /// Whether keys of the bucket `name` are leased.
+    fn covers(&self, name: &str) -> bool {
+        self.buckets.is_empty() || self.buckets.iter().any(|b| b.as_str() == name)
     }
 
     /// How long a lease lasts, from the call that grants or renews it: from 20 ms to 60 s. A
@@ -91,7 +115,7 @@ impl Leases {
         if time < MIN_TIME || time > Duration::from_millis(MAX_LEASE_MS) {
             return Err(InvalidLeases::Time { time });
         }
-        Ok(Self { time })
+        Ok(Self { time, ..self })
     }
 
     /// The time of a lease, in milliseconds.
@@ -116,7 +140,12 @@ impl Table {
 
     /// A table of no leases, in the same mode.
     pub(super) fn renewed(&self) -> Self {
-        Self::new(self.config)
+        Self::new(self.config.clone())
+    }
+
+    /// Whether `key` is leased.
+    pub(super) fn covers(&self, key: &BucketKey) -> bool {
+        self.config.covers(key.bucket())
     }
 
     fn slot(&self, key: &BucketKey) -> Arc<Slot> {
@@ -211,8 +240,10 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
     K: Clock,
 {
-    /// Turns lease mode on for every key of this store (see [`Leases`]). Clones share the
-    /// leases; a store made by [`prefix`](Self::prefix) keeps the setting.
+    /// Turns lease mode on for the keys of this store that `leases` names, every key by
+    /// default (see [`Leases`]). Clones share the leases; a store made by
+    /// [`prefix`](Self::prefix) or [`with_clock`](Self::with_clock) keeps the setting, with
+    /// leases of its own.
     #[must_use]
     pub fn leases(self, leases: Leases) -> Self {
         Self {
