@@ -24,7 +24,7 @@
 // script is tested against.
 #![cfg_attr(not(test), allow(dead_code))]
 
-use super::{MAX_TIME, MAX_TOKENS, Params, State, max, min, ready_at, sound, time, whole};
+use super::{MAX_TIME, MAX_TOKENS, Params, State, Verdict, max, min, ready_at, sound, time, whole};
 
 /// The most leases one bucket keeps at once: one per holder.
 pub(crate) const MAX_LEASES: usize = 64;
@@ -98,6 +98,84 @@ pub(crate) fn sound_leased(p: &Params, state: State, leases: &[Lease]) -> bool {
     sound(p, state) && leases.len() <= MAX_LEASES && leases.iter().all(sound_lease)
 }
 
+/// A leased bucket as a call at `now` finds it, before it changes anything.
+struct Seen {
+    /// The stored state, its time moved back from a far lead.
+    s: State,
+    /// The later of now and the stored time: the call's time.
+    ts: f64,
+    /// The leases that have not ended by `ts`, in their stored order, and their tokens.
+    live: Vec<Lease>,
+    out: f64,
+    /// The capacity less what is out, and what the bucket holds now, up to it.
+    room: f64,
+    avail: f64,
+}
+
+fn see(p: &Params, state: Option<State>, leases: &[Lease], now: u64) -> Seen {
+    let now = time(now);
+    let mut s = state.unwrap_or(State {
+        t: p.capacity,
+        ts: now,
+    });
+    // A stored time far ahead is moved back, as for a plain bucket (bucket.rs's `available`);
+    // the leases keep their expiries, which only keeps their tokens out longer.
+    if s.ts > now && s.ts > now + p.lead() {
+        s.ts = now;
+    }
+    let ts = max(s.ts, now);
+    let live: Vec<Lease> = leases.iter().copied().filter(|l| l.expiry > ts).collect();
+    let mut out = 0.0;
+    for l in &live {
+        out += l.amount;
+    }
+    // What refills counts up to the capacity less what is out on lease.
+    let room = p.capacity - out;
+    let elapsed = max(0.0, now - s.ts);
+    let avail = min(room, s.t + elapsed * p.tokens / p.interval);
+    Seen {
+        s,
+        ts,
+        live,
+        out,
+        room,
+        avail,
+    }
+}
+
+/// What a leased bucket holds at `now`, as [`super::peek`] says it of a plain one, with the
+/// room the leases leave as its capacity: no token comes before the last of them ends while
+/// they leave room for none. And the tokens out on lease.
+pub(crate) fn peek(p: &Params, state: Option<State>, leases: &[Lease], now: u64) -> (Verdict, f64) {
+    let Seen {
+        s,
+        ts,
+        live,
+        out,
+        room,
+        avail,
+    } = see(p, state, leases, now);
+    let mut next = 0.0;
+    if avail < 1.0 {
+        next = ready_at(p, s.t, s.ts, 1.0) - ts;
+        if room < 1.0 {
+            let mut others = ts;
+            for l in &live {
+                others = max(others, l.expiry);
+            }
+            next = max(next, others - ts);
+        }
+    }
+    let verdict = Verdict {
+        allowed: avail >= 1.0,
+        wait: whole(next),
+        remaining: whole(max(0.0, avail)),
+        reset: whole(max(0.0, ready_at(p, s.t, s.ts, room) - ts)),
+        at: whole(ts),
+    };
+    (verdict, out)
+}
+
 /// Renews `ask.holder`'s lease on a bucket stored as `state` with `leases`, at `now`.
 ///
 /// Leases whose expiry is not after the call's time are dropped first, their tokens lost. The
@@ -115,31 +193,14 @@ pub(crate) fn renew(
     now: u64,
     ask: Ask,
 ) -> (Renewal, Stored) {
-    let now = time(now);
-    let mut s = state.unwrap_or(State {
-        t: p.capacity,
-        ts: now,
-    });
-    // A stored time far ahead is moved back, as for a plain bucket (bucket.rs's `available`);
-    // the leases keep their expiries, which only keeps their tokens out longer.
-    if s.ts > now && s.ts > now + p.lead() {
-        s.ts = now;
-    }
-    let ts = max(s.ts, now);
-    let mut live: Vec<Lease> = leases.iter().copied().filter(|l| l.expiry > ts).collect();
-    let mut out = 0.0;
-    let mut mine = None;
-    for (i, l) in live.iter().enumerate() {
-        out += l.amount;
-        if mine.is_none() && l.holder == ask.holder {
-            mine = Some(i);
-        }
-    }
+    let Seen {
+        ts,
+        mut live,
+        avail,
+        ..
+    } = see(p, state, leases, now);
+    let mine = live.iter().position(|l| l.holder == ask.holder);
     let held = mine.map_or(0.0, |i| live[i].amount);
-    // What refills counts up to the capacity less what is out on lease.
-    let room = p.capacity - out;
-    let elapsed = max(0.0, now - s.ts);
-    let avail = min(room, s.t + elapsed * p.tokens / p.interval);
     let back = min(held, ask.ret);
     let kept = min(held - back, ask.keep);
     let t1 = avail + back;

@@ -221,8 +221,17 @@ where
             x: 0,
             max_wait: 0,
         };
-        match self.run(key, self.clock.now_ms(), args).await {
+        let now = self.clock.now_ms();
+        match self.run(key, now, args).await {
             Ok(reply) => Ok(BucketState::new(reply.outcome, limit).with_halt(reply.halt)),
+            // Tokens of it are out on lease: the lease script says what the bucket holds
+            // beside them.
+            Err(Failure::Fatal(StoreError::Leased { .. })) => {
+                match self.run_lease_peek(key, now, limit).await {
+                    Ok((outcome, _)) => Ok(BucketState::new(outcome, limit)),
+                    Err(Failure::Fatal(e) | Failure::Outage(e)) => Err(e),
+                }
+            }
             Err(Failure::Fatal(e)) => Err(e),
             Err(Failure::Outage(e)) => match self.local_limit(limit) {
                 Some(local) => {

@@ -7,11 +7,14 @@
 --          amount, expiry) each: the holder's id, the tokens it holds, and the time its lease
 --          ends (ms, on the stored times' timeline). When the last lease ends, the value goes
 --          back to the 24 bytes the bucket script reads; bucket.lua refuses a value with leases.
--- ARGV[1]  96 bytes, struct.pack('<dddddddddddd', now, tokens, interval, capacity, lead,
---          most_debt, holder, ret, keep, want, least, span): the limit as bucket.lua takes it,
---          then the renewal: ret tokens given back, keep kept, want more wanted but none unless
---          least of them can be had, for a lease of span ms.
--- Returns  struct.pack('<ddddd', granted, kept, wait, remaining, at), all whole numbers.
+-- ARGV[1]  104 bytes, struct.pack('<ddddddddddddd', op, now, tokens, interval, capacity, lead,
+--          most_debt, holder, ret, keep, want, least, span): op 1 renew, 2 peek; the limit as
+--          bucket.lua takes it; then the renewal: ret tokens given back, keep kept, want more
+--          wanted but none unless least of them can be had, for a lease of span ms (a peek
+--          reads none of them).
+-- Returns  for a renewal, struct.pack('<ddddd', granted, kept, wait, remaining, at); for a peek,
+--          which writes nothing, struct.pack('<dddddd', allowed, next, remaining, reset, at,
+--          out), bucket.lua's peek with out the tokens on lease; all whole numbers.
 --
 -- Leases that end at or before the call's time are dropped, their tokens lost. What is out on
 -- lease counts against the capacity: the bucket refills up to capacity - out, so that what it
@@ -22,8 +25,8 @@ local MAX_TIME = 9007199254740991
 local MAX_TOKENS = 4294967296
 
 local key = KEYS[1]
-local now, tokens, interval, capacity, lead, most_debt, holder, ret, keep_asked, want, least, span =
-  struct.unpack('<dddddddddddd', ARGV[1])
+local op, now, tokens, interval, capacity, lead, most_debt, holder, ret, keep_asked, want, least,
+  span = struct.unpack('<ddddddddddddd', ARGV[1])
 
 if now > MAX_TIME then now = MAX_TIME end
 
@@ -77,6 +80,41 @@ local elapsed = now - ts
 if not (elapsed > 0) then elapsed = 0 end
 local avail = t + elapsed * tokens / interval
 if not (avail < room) then avail = room end
+
+-- ts plus the least whole e >= 0 with t + refill(e) >= target (bucket.lua's).
+local function ready_at(t, ts, target)
+  if t >= target then return ts end
+  local e = (target - t) * interval / tokens
+  local whole = e - e % 1
+  if whole < e then e = whole + 1 else e = whole end
+  local n = 0
+  while n < 8 and t + e * tokens / interval < target do e = e + 1; n = n + 1 end
+  while n < 8 and e > 0 and t + (e - 1) * tokens / interval >= target do e = e - 1; n = n + 1 end
+  return ts + e
+end
+
+if op == 2 then
+  -- bucket.lua's peek, up to the room the leases leave: no token before the last of them
+  -- ends while they leave room for none.
+  local left = 0
+  if avail > 0 then left = avail - avail % 1 end
+  local next_in = 0
+  if not (avail >= 1) then
+    next_in = ready_at(t, ts, 1) - ts2
+    if room < 1 then
+      local others = ts2
+      for _, l in ipairs(live) do
+        if l[3] > others then others = l[3] end
+      end
+      if others - ts2 > next_in then next_in = others - ts2 end
+    end
+  end
+  local reset = ready_at(t, ts, room) - ts2
+  if not (reset > 0) then reset = 0 end
+  return struct.pack('<dddddd', avail >= 1 and 1 or 0, next_in, left, reset, ts2, out)
+elseif op ~= 1 then
+  return redis.error_reply('burstgate: unknown operation')
+end
 local back = held
 if ret < held then back = ret end
 local kept = held - back
@@ -106,18 +144,6 @@ local out2 = 0
 for _, l in ipairs(live) do
   if l[3] > last then last = l[3] end
   out2 = out2 + l[2]
-end
-
--- ts plus the least whole e >= 0 with t + refill(e) >= target (bucket.lua's).
-local function ready_at(t, ts, target)
-  if t >= target then return ts end
-  local e = (target - t) * interval / tokens
-  local whole = e - e % 1
-  if whole < e then e = whole + 1 else e = whole end
-  local n = 0
-  while n < 8 and t + e * tokens / interval < target do e = e + 1; n = n + 1 end
-  while n < 8 and e > 0 and t + (e - 1) * tokens / interval >= target do e = e - 1; n = n + 1 end
-  return ts + e
 end
 
 local keep = last + (ready_at(t2, ts2, capacity) - ts2) + interval

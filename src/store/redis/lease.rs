@@ -10,7 +10,7 @@ use redis::aio::ConnectionLike;
 
 use super::RedisStore;
 use super::script::Failure;
-use super::wire::LeaseArgs;
+use super::wire::{LeaseArgs, LeaseOp};
 use crate::bucket::Verdict;
 use crate::bucket::lease::{Ask, MAX_LEASE_MS, Renewal};
 use crate::clock::Clock;
@@ -60,11 +60,14 @@ const SHARE: u64 = 8;
 /// What a lease cannot serve is refused with [`StoreError::NotLeasable`], never changed in
 /// silence: a reservation (a `max_wait` above zero) and a request on several buckets, one of
 /// them leased. Lease only the buckets that need it ([`bucket`](Self::bucket)), and the others
-/// keep every feature. While
-/// tokens of a bucket are out on lease, a store not in lease mode refuses the bucket with
-/// [`StoreError::Leased`], as do peeks, refunds, drains and the admin operations on it; a
-/// `reset` (a `DEL`) forgets the leases with the bucket, so until they end, up to one lease per
-/// process more than the burst may go. Refunding a leased admission gives nothing back.
+/// keep every feature.
+///
+/// While tokens of a bucket are out on lease, a store not in lease mode refuses to decide on
+/// it with [`StoreError::Leased`], as it refuses refunds, drains and the admin operations
+/// `set` and `block_until`; a [`peek`](crate::BucketStore::peek) answers what the bucket holds
+/// beside the leases. A `reset` (a `DEL`) forgets the leases with the bucket, so until they
+/// end, up to one lease per process more than the burst may go. Refunding a leased admission
+/// gives nothing back.
 ///
 /// When a renewal fails (Redis down, the circuit open), the tokens already leased are spent
 /// until the lease's time is up, and then the store's [`OutagePolicy`](crate::OutagePolicy)
@@ -392,7 +395,17 @@ where
             // Given back: no longer this process's to spend, whatever the call's fate.
             h.held = h.held.saturating_sub(ask.ret as u64);
         }
-        let renewal = self.run_lease(key, now, LeaseArgs { limit, ask }).await?;
+        let renewal = self
+            .run_lease(
+                key,
+                now,
+                LeaseArgs {
+                    op: LeaseOp::Renew,
+                    limit,
+                    ask,
+                },
+            )
+            .await?;
         apply(
             &mut slot.lock(),
             &ask,

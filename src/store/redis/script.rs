@@ -8,13 +8,14 @@ use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 
 use super::RedisStore;
 use super::wire::{
-    Args, Each, LeaseArgs, RedisKey, Reply, book, claim, command, command_all, delete,
-    lease_command, pack_all, parse_all, parse_renewal, parse_reply,
+    Args, Each, LeaseArgs, LeaseOp, RedisKey, Reply, book, claim, command, command_all, delete,
+    lease_command, pack_all, parse_all, parse_lease_peek, parse_renewal, parse_reply,
 };
-use crate::BucketKey;
-use crate::bucket::lease::Renewal;
+use crate::bucket::Verdict;
+use crate::bucket::lease::{Ask, Renewal};
 use crate::clock::Clock;
 use crate::store::{BackendError, Claim, StoreError, Take};
+use crate::{BucketKey, Limit};
 
 /// The bucket script, `bucket.lua` beside this file; Redis knows it by the SHA-1 of this text.
 const SOURCE: &str = include_str!("bucket.lua");
@@ -115,6 +116,30 @@ where
     ) -> Result<Renewal, Failure> {
         let value = self.send(key, Call::Lease { now, args: &args }).await?;
         parse_renewal(&value, &args.ask).map_err(Failure::Fatal)
+    }
+
+    /// Peeks at one leased bucket with the lease script, through the circuit breaker and
+    /// within the timeout: the outcome, and the tokens out on lease.
+    pub(super) async fn run_lease_peek(
+        &self,
+        key: &BucketKey,
+        now: u64,
+        limit: Limit,
+    ) -> Result<(Verdict, u64), Failure> {
+        let args = LeaseArgs {
+            op: LeaseOp::Peek,
+            limit,
+            ask: Ask {
+                holder: 0.0,
+                ret: 0.0,
+                keep: 0.0,
+                want: 0.0,
+                least: 0.0,
+                time: 0.0,
+            },
+        };
+        let value = self.send(key, Call::Lease { now, args: &args }).await?;
+        parse_lease_peek(&value).map_err(Failure::Fatal)
     }
 
     /// Deletes one bucket's key (a reset), through the circuit breaker and within the timeout,

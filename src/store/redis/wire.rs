@@ -202,24 +202,33 @@ impl Args {
     }
 }
 
-/// One renewal's arguments, for the lease script.
+/// One call of the lease script: a renewal, or a peek (whose `ask` is not read).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct LeaseArgs {
+    pub(super) op: LeaseOp,
     pub(super) limit: Limit,
     pub(super) ask: Ask,
 }
 
-/// The lease script's one argument: twelve little-endian `f64`s.
-pub(super) const LEASE_ARGS: usize = 12 * 8;
+/// The lease script's operations, by the first number packed into `ARGV[1]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum LeaseOp {
+    Renew = 1,
+    Peek = 2,
+}
+
+/// The lease script's one argument: thirteen little-endian `f64`s.
+pub(super) const LEASE_ARGS: usize = 13 * 8;
 
 impl LeaseArgs {
-    /// `ARGV[1]` as `lease.lua` unpacks it: now, the limit as the bucket script takes it
+    /// `ARGV[1]` as `lease.lua` unpacks it: the operation, now, the limit as the bucket script takes it
     /// (tokens, interval, capacity, lead bound, most debt), then the holder and what it gives
     /// back, keeps, wants and needs at least, and the lease's time.
     pub(super) fn pack(&self, now: u64) -> [u8; LEASE_ARGS] {
         let p = Params::of(&self.limit);
         let a = self.ask;
         let values = [
+            self.op as u64 as f64,
             now as f64,
             p.tokens,
             p.interval,
@@ -292,6 +301,41 @@ pub(super) fn parse_renewal(value: &Value, ask: &Ask) -> Result<Renewal, StoreEr
         remaining,
         at,
     })
+}
+
+/// The lease script's reply to a peek: `allowed, next, remaining, reset, at, out`, six whole
+/// `f64`s; the outcome, and the tokens out on lease.
+pub(super) fn parse_lease_peek(value: &Value) -> Result<(Verdict, u64), StoreError> {
+    let bad = || {
+        StoreError::Backend(BackendError::new(
+            "the lease script answered something other than a peek",
+            None,
+        ))
+    };
+    let Value::BulkString(bytes) = value else {
+        return Err(bad());
+    };
+    let Ok(numbers) = <&[u8; 48]>::try_from(bytes.as_slice()) else {
+        return Err(bad());
+    };
+    let mut whole = [0u64; 6];
+    for (w, chunk) in whole.iter_mut().zip(numbers.chunks_exact(8)) {
+        let mut b = [0; 8];
+        b.copy_from_slice(chunk);
+        *w = to_whole(f64::from_le_bytes(b)).ok_or_else(bad)?;
+    }
+    let [allowed, wait, remaining, reset, at, out] = whole;
+    if allowed > 1 {
+        return Err(bad());
+    }
+    let outcome = Verdict {
+        allowed: allowed == 1,
+        wait,
+        remaining,
+        reset,
+        at,
+    };
+    Ok((outcome, out))
 }
 
 /// A value the lease script stored: the state, the leases, and `keep`; `None` for any other

@@ -19,7 +19,7 @@ use crate::Limit;
 use crate::bucket::lease::{self, Ask, Lease, MAX_LEASES};
 use crate::bucket::{self, MAX_TIME, Params, State};
 use crate::store::redis::script::{CORRUPT_CODE, LEASE_SOURCE, script, script_lease};
-use crate::store::redis::wire::{Args, LeaseArgs, Op, decode, decode_leased};
+use crate::store::redis::wire::{Args, LeaseArgs, LeaseOp, Op, decode, decode_leased};
 
 use burstgate_testkit::redis_server;
 
@@ -44,7 +44,11 @@ async fn renew_step(
 ) -> Result<lease::Renewal, String> {
     let p = Params::of(&limit);
     let (expected, stored) = lease::renew(&p, model.state, &model.leases, now, ask);
-    let args = LeaseArgs { limit, ask };
+    let args = LeaseArgs {
+        op: LeaseOp::Renew,
+        limit,
+        ask,
+    };
     let mut pipe = redis::pipe();
     pipe.atomic()
         .cmd("EVALSHA")
@@ -128,6 +132,81 @@ async fn renew_step(
     model.state = Some(stored.state);
     model.leases = stored.leases;
     Ok(expected)
+}
+
+/// A peek through the reference and through `lua`: the same answer, and the key left as it
+/// was, expiry included.
+async fn peek_step(
+    conn: &mut MultiplexedConnection,
+    lua: &redis::Script,
+    key: &str,
+    limit: Limit,
+    model: &Model,
+    now: u64,
+    log: &str,
+) -> Result<(), String> {
+    let p = Params::of(&limit);
+    let (expected, out) = lease::peek(&p, model.state, &model.leases, now);
+    let args = LeaseArgs {
+        op: LeaseOp::Peek,
+        limit,
+        ask: Ask {
+            holder: 0.0,
+            ret: 0.0,
+            keep: 0.0,
+            want: 0.0,
+            least: 0.0,
+            time: 0.0,
+        },
+    };
+    let mut pipe = redis::pipe();
+    pipe.atomic()
+        .cmd("GET")
+        .arg(key)
+        .cmd("PTTL")
+        .arg(key)
+        .cmd("EVALSHA")
+        .arg(lua.get_hash())
+        .arg(1)
+        .arg(key)
+        .arg(&args.pack(now)[..])
+        .cmd("GET")
+        .arg(key)
+        .cmd("PTTL")
+        .arg(key);
+    type Reply = (Option<Vec<u8>>, i64, Vec<u8>, Option<Vec<u8>>, i64);
+    let (before, ttl_before, reply, after, ttl_after): Reply = pipe
+        .query_async(conn)
+        .await
+        .map_err(|e| format!("{log}  redis: {e}"))?;
+    let want: Vec<u64> = [
+        f64::from(u8::from(expected.allowed)),
+        expected.wait as f64,
+        expected.remaining as f64,
+        expected.reset as f64,
+        expected.at as f64,
+        out,
+    ]
+    .iter()
+    .map(|v| v.to_bits())
+    .collect();
+    let got: Vec<u64> = reply
+        .chunks_exact(8)
+        .map(|c| f64::from_le_bytes(c.try_into().unwrap_or_default()).to_bits())
+        .collect();
+    if got != want || reply.len() != 48 {
+        return Err(format!(
+            "{log}  peek: reference {expected:?} out {out}, lua {:?}",
+            reply
+                .chunks_exact(8)
+                .map(|c| f64::from_le_bytes(c.try_into().unwrap_or_default()))
+                .collect::<Vec<_>>()
+        ));
+    }
+    if before != after || ttl_before != ttl_after {
+        return Err(format!("{log}  a peek changed the key"));
+    }
+    Ok(())
 }
 
 /// A plain acquire of the bucket script: decided as `bucket.rs` decides while no lease is out,
@@ -256,6 +335,10 @@ async fn trace(
                 let cost = 1 + rng.below(burst.min(3));
                 let _ = writeln!(log, "  step {step}: take {cost} at {now}");
                 take_step(conn, key, limit, &mut model, now, cost, &log).await?;
+            }
+            2 if model.state.is_some() => {
+                let _ = writeln!(log, "  step {step}: peek at {now}");
+                peek_step(conn, lua, key, limit, &model, now, &log).await?;
             }
             _ => {
                 let mine = held[h];
@@ -397,6 +480,7 @@ async fn planted(
                         state: Some(State { t, ts }),
                         leases: leases.clone(),
                     };
+                    peek_step(conn, lua, key, limit, &model, now, &log).await?;
                     renew_step(conn, lua, key, limit, &mut model, now, ask, &log).await?;
                     continue;
                 }
@@ -404,7 +488,14 @@ async fn planted(
                     .arg(lua.get_hash())
                     .arg(1)
                     .arg(key)
-                    .arg(&LeaseArgs { limit, ask }.pack(now)[..])
+                    .arg(
+                        &LeaseArgs {
+                            op: LeaseOp::Renew,
+                            limit,
+                            ask,
+                        }
+                        .pack(now)[..],
+                    )
                     .query_async(conn)
                     .await;
                 match reply {
@@ -443,7 +534,14 @@ async fn planted(
             .arg(lua.get_hash())
             .arg(1)
             .arg(key)
-            .arg(&LeaseArgs { limit, ask }.pack(now)[..])
+            .arg(
+                &LeaseArgs {
+                    op: LeaseOp::Renew,
+                    limit,
+                    ask,
+                }
+                .pack(now)[..],
+            )
             .query_async(conn)
             .await;
         match reply {
@@ -550,8 +648,31 @@ async fn the_other_scripts_refuse_a_leased_bucket() {
 /// catch.
 const MUTANTS: &[(&str, &str)] = &[
     (
-        "local now, tokens, interval, capacity, lead, most_debt, holder, ret, keep_asked, want, least, span =",
-        "local now, interval, tokens, capacity, lead, most_debt, holder, ret, keep_asked, want, least, span =",
+        "local op, now, tokens, interval, capacity, lead, most_debt, holder, ret, keep_asked, want, least,",
+        "local op, now, interval, tokens, capacity, lead, most_debt, holder, ret, keep_asked, want, least,",
+    ),
+    // the peek
+    ("if op == 2 then", "if op == 3 then"),
+    ("  if avail > 0 then left = avail - avail % 1 end", ""),
+    ("  if not (avail >= 1) then", "  if not (avail > 1) then"),
+    (
+        "    next_in = ready_at(t, ts, 1) - ts2",
+        "    next_in = ready_at(t, ts2, 1) - ts2",
+    ),
+    ("    if room < 1 then", "    if room < 0 then"),
+    ("        if l[3] > others then others = l[3] end", ""),
+    (
+        "      if others - ts2 > next_in then next_in = others - ts2 end",
+        "",
+    ),
+    (
+        "  local reset = ready_at(t, ts, room) - ts2",
+        "  local reset = ready_at(t, ts, capacity) - ts2",
+    ),
+    ("  if not (reset > 0) then reset = 0 end", ""),
+    (
+        "  return struct.pack('<dddddd', avail >= 1 and 1 or 0, next_in, left, reset, ts2, out)",
+        "  return struct.pack('<dddddd', avail >= 1 and 1 or 0, next_in, left, reset, ts2, 0)",
     ),
     ("if now > MAX_TIME then now = MAX_TIME end", ""),
     ("if len == 24 or len == 32 then", "if len == 24 then"),
