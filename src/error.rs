@@ -138,7 +138,7 @@ impl fmt::Display for InvalidName {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum InvalidLeases {
-    /// A lease's time was under 20 ms or over 60 s.
+    /// A lease's time was under 100 ms or over 60 s.
     Time {
         /// The time given.
         time: Duration,
@@ -150,7 +150,7 @@ impl fmt::Display for InvalidLeases {
         match self {
             Self::Time { time } => write!(
                 f,
-                "a lease of {time:?} is refused: a lease lasts from 20 ms to 60 s"
+                "a lease of {time:?} is refused: a lease lasts from 100 ms to 60 s"
             ),
         }
     }

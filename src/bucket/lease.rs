@@ -129,8 +129,10 @@ fn see(p: &Params, state: Option<State>, leases: &[Lease], now: u64) -> Seen {
     for l in &live {
         out += l.amount;
     }
-    // What refills counts up to the capacity less what is out on lease.
-    let room = p.capacity - out;
+    // What refills counts up to the capacity less what is out on lease, and never below
+    // nothing: under a limit lowered below what is out, the bucket holds no more debt than it
+    // did, which keeps its state one the scripts accept.
+    let room = max(0.0, p.capacity - out);
     let elapsed = max(0.0, now - s.ts);
     let avail = min(room, s.t + elapsed * p.tokens / p.interval);
     Seen {
@@ -207,7 +209,8 @@ pub(crate) fn renew(
     let whole_t1 = if t1 > 0.0 { t1 - t1 % 1.0 } else { 0.0 };
     let mut granted = min(ask.want, whole_t1);
     // A new holder gets nothing while the bucket keeps its most leases.
-    if granted < ask.least || (mine.is_none() && live.len() >= MAX_LEASES) {
+    let capped = mine.is_none() && live.len() >= MAX_LEASES;
+    if granted < ask.least || capped {
         granted = 0.0;
     }
     let t2 = t1 - granted;
@@ -254,6 +257,11 @@ pub(crate) fn renew(
                 }
             }
             wait = max(wait, others - ts);
+        }
+        // Kept out by the most leases: not before the first of them ends.
+        if capped {
+            let first = live.iter().fold(f64::INFINITY, |f, l| min(f, l.expiry));
+            wait = max(wait, first - ts);
         }
     }
     let renewal = Renewal {

@@ -144,6 +144,9 @@ pub(crate) enum Source {
     /// No bucket: admitted by [`OutagePolicy::FailOpen`](crate::OutagePolicy::FailOpen).
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     Nothing,
+    /// This process's lease of the store's bucket ([`Leases`](crate::Leases)).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    Lease,
 }
 
 impl Reservation {
@@ -304,7 +307,8 @@ impl Reservation {
         let source = match self.source {
             Source::Store => 's',
             Source::Local => 'l',
-            Source::Nothing => 'n',
+            // A lease is this process's: read back elsewhere, its refund gives nothing back.
+            Source::Nothing | Source::Lease => 'n',
         };
         format!("{}:{}:{source}", self.ready_at_ms, self.cost)
     }

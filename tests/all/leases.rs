@@ -188,8 +188,14 @@ async fn what_a_lease_cannot_serve_is_refused_and_plain_stores_keep_off_a_leased
 async fn an_idle_lease_goes_back_and_the_bucket_is_plain_again() {
     let prefix = redis_server::unique_prefix();
     let clock = ManualClock::new(START);
+    assert_eq!(
+        Leases::new().time(Duration::from_millis(99)),
+        Err(burstgate::InvalidLeases::Time {
+            time: Duration::from_millis(99)
+        })
+    );
     let leases = Leases::new()
-        .time(Duration::from_millis(40))
+        .time(Duration::from_millis(100))
         .expect("a valid time");
     let (store, _) = leasing(&prefix, &clock, leases).await;
     let limit = Limit::per_second(10).expect("a valid limit");
@@ -366,4 +372,70 @@ async fn a_layer_over_a_leased_store_admits_the_burst_and_then_refuses() {
         "{statuses:?}"
     );
     assert_eq!(calls.load(Ordering::SeqCst), 10);
+}
+
+#[tokio::test]
+async fn a_refund_goes_back_to_the_lease_and_a_dropped_renewal_leaves_no_one_waiting() {
+    let prefix = redis_server::unique_prefix();
+    let clock = ManualClock::new(START);
+    let (store, _) = leasing(&prefix, &clock, Leases::new()).await;
+    let limit = Limit::per_minute(1)
+        .and_then(|l| l.with_burst(16))
+        .expect("a valid limit");
+    // A caller that goes away in the middle of its renewal: the next one is not stuck behind
+    // it, and whatever the dropped call did, no more than the burst goes.
+    {
+        let k = key();
+        let call = store.acquire(&k, limit, 1, ZERO);
+        tokio::pin!(call);
+        // Polled once, which sends the renewal, then dropped.
+        tokio::select! {
+            biased;
+            _ = &mut call => panic!("the first call needs a round trip"),
+            () = std::future::ready(()) => {}
+        }
+    }
+    let first = store
+        .acquire(&key(), limit, 1, ZERO)
+        .await
+        .expect("decides");
+    assert!(first.is_admitted());
+    store
+        .refund(
+            &key(),
+            limit,
+            first.reservation().expect("an admission's reservation"),
+        )
+        .await
+        .expect("a refund");
+    let mut admitted = 0;
+    for _ in 0..40 {
+        if store
+            .acquire(&key(), limit, 1, ZERO)
+            .await
+            .expect("decides")
+            .is_admitted()
+        {
+            admitted += 1;
+        }
+    }
+    // The refunded token went again; the dropped call's grant, if it ran, is lost.
+    assert!(
+        (14..=16).contains(&admitted),
+        "{admitted} admitted after the refund"
+    );
+}
+
+#[tokio::test]
+async fn keys_past_the_most_leased_at_once_are_decided_by_plain_calls() {
+    let prefix = redis_server::unique_prefix();
+    let clock = ManualClock::new(START);
+    let (store, calls) = leasing(&prefix, &clock, Leases::new()).await;
+    let limit = Limit::per_second(10).expect("a valid limit");
+    for i in 0..1_100 {
+        let k = BucketKey::new("global", format!("made-up-{i}")).expect("a valid key");
+        let d = store.acquire(&k, limit, 1, ZERO).await.expect("decides");
+        assert!(d.is_admitted(), "{i}");
+    }
+    assert_eq!(calls.load(Ordering::Relaxed), 1_100, "one call per new key");
 }

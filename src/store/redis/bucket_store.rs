@@ -40,7 +40,11 @@ where
             if !max_wait.is_zero() {
                 return Err(StoreError::NotLeasable);
             }
-            return self.acquire_leased(leases, key, limit, cost).await;
+            // Past the most keys leased at once (a flood of made-up keys), a key is decided by
+            // a plain call, refused if other processes lease it.
+            if let Some(slot) = leases.slot(key) {
+                return self.acquire_leased(leases, slot, key, limit, cost).await;
+            }
         }
         let max_wait_ms = whole_ms(max_wait);
         let now = self.clock.now_ms();
@@ -257,6 +261,10 @@ where
         // Back to the bucket that gave the tokens, whichever answers now.
         match reservation.source() {
             Source::Nothing => return Ok(()),
+            Source::Lease => {
+                self.refund_leased(key, cost);
+                return Ok(());
+            }
             Source::Local => {
                 return match self.local_limit(limit) {
                     Some(local) if cost <= local.burst() => {

@@ -76,6 +76,7 @@ local held = 0
 if mine then held = live[mine][2] end
 
 local room = capacity - out
+if not (room > 0) then room = 0 end
 local elapsed = now - ts
 if not (elapsed > 0) then elapsed = 0 end
 local avail = t + elapsed * tokens / interval
@@ -124,7 +125,8 @@ local whole_t1 = 0
 if t1 > 0 then whole_t1 = t1 - t1 % 1 end
 local granted = want
 if whole_t1 < want then granted = whole_t1 end
-if granted < least or (mine == nil and #live >= 64) then granted = 0 end
+local capped = mine == nil and #live >= 64
+if granted < least or capped then granted = 0 end
 local t2 = t1 - granted
 local amount = kept + granted
 local expiry = ts2 + span
@@ -156,6 +158,13 @@ if granted == 0 and least > 0 then
       if l[1] ~= holder and l[3] > others then others = l[3] end
     end
     if others - ts2 > wait then wait = others - ts2 end
+  end
+  if capped then
+    local first = live[1][3]
+    for _, l in ipairs(live) do
+      if l[3] < first then first = l[3] end
+    end
+    if first - ts2 > wait then wait = first - ts2 end
   end
 end
 
