@@ -55,12 +55,17 @@
 //!   run, 100 requests pipelined on one connection to a location with a zone of its own show
 //!   that this nginx limits (51 pass, nginx's first request in a zone is free), and to one
 //!   that answers with `return 200`, which runs before `limit_req` and so is never limited:
-//!   why the measured location serves a file.
+//!   why the measured location serves a file. nginx counts a request when it arrives, the
+//!   store when it decides: the line also gives when the first admission and the first answer
+//!   came, the admission time of the first request refused, and the longest GET, since GETs
+//!   that take longer than others bunch up on arrival (nginx's one request beyond the burst
+//!   covers 2 ms of that at 500 per second).
 //!
 //! Options: `--url` (or `REDIS_URL`) instead of a Redis of the tool's own (other clients of
 //! it count in `speed`'s Redis calls); `--processes 4`; `--tasks 64`; `--lease-ms 1000`;
 //! `--threads N`, tokio worker threads per process (0, the default, for one per core; 1 for a
-//! current-thread runtime).
+//! current-thread runtime); `--plain`, for `exact`, `crash` and `nginx`: the same run with the
+//! store out of lease mode (`lease=off`), to compare their Redis calls.
 //!
 //! It prints one line per run (wrapped here; `<...>` are figures):
 //!
@@ -138,6 +143,9 @@ struct Args {
     /// Tokio worker threads per process; 0 for one per core, 1 for a current-thread runtime.
     #[arg(long, default_value_t = 0)]
     threads: usize,
+    /// exact, crash and nginx: the store without leases, for comparison.
+    #[arg(long)]
+    plain: bool,
     /// nginx: the binary.
     #[arg(long, default_value = "nginx")]
     nginx: String,
@@ -178,6 +186,15 @@ impl Args {
     fn seconds(&self) -> f64 {
         self.seconds
             .unwrap_or(if self.mode == Mode::Speed { 5.0 } else { 10.0 })
+    }
+
+    /// The lease time as printed, or "off" for `--plain`.
+    fn lease(&self) -> String {
+        if self.plain {
+            "off".into()
+        } else {
+            format!("{}ms", self.lease_ms)
+        }
     }
 
     /// The limit the workers decide on.
@@ -230,10 +247,26 @@ struct Counts {
     http_ok: AtomicU64,
     http_limited: AtomicU64,
     http_other: AtomicU64,
+    /// nginx: when the first admitted call answered, when the first GET was answered, when
+    /// the first admission that nginx refused answered (u64::MAX for none), and the longest
+    /// GET.
+    first_admit_ns: AtomicU64,
+    first_answer_ns: AtomicU64,
+    first_limited_ns: AtomicU64,
+    longest_get_ns: AtomicU64,
     first_error: Mutex<Option<String>>,
 }
 
 impl Counts {
+    fn new() -> Self {
+        Self {
+            first_admit_ns: AtomicU64::new(u64::MAX),
+            first_answer_ns: AtomicU64::new(u64::MAX),
+            first_limited_ns: AtomicU64::new(u64::MAX),
+            ..Self::default()
+        }
+    }
+
     fn error(&self, e: impl std::fmt::Display) {
         self.errors.fetch_add(1, Relaxed);
         let mut first = self.first_error.lock().unwrap_or_else(|p| p.into_inner());
@@ -352,8 +385,9 @@ async fn speed_worker(
     say(&format!("hist {}", all.encode()));
     let decisions = all.total();
     say(&format!(
-        "done {} {denied} {errors} 0 0 0 0 0",
-        decisions - denied - errors
+        "done {} {denied} {errors} 0 0 0 0 0 {none} {none} {none} 0",
+        decisions - denied - errors,
+        none = u64::MAX,
     ));
     Ok(())
 }
@@ -379,7 +413,7 @@ async fn limit_worker(
         )),
         None => None,
     };
-    let counts = Arc::new(Counts::default());
+    let counts = Arc::new(Counts::new());
     let stop = Arc::new(AtomicBool::new(false));
     let reporter = {
         let (counts, stop) = (Arc::clone(&counts), Arc::clone(&stop));
@@ -408,13 +442,24 @@ async fn limit_worker(
                 while Instant::now() < end {
                     match store.acquire(&key, limit, 1, Duration::ZERO).await {
                         Ok(d) if d.is_admitted() => {
+                            let admitted_at = unix_ns();
                             counts.admitted.fetch_add(1, Relaxed);
-                            counts.last_admit_ns.fetch_max(unix_ns(), Relaxed);
+                            counts.last_admit_ns.fetch_max(admitted_at, Relaxed);
+                            counts.first_admit_ns.fetch_min(admitted_at, Relaxed);
                             counts.held.store(u64::from(d.remaining()), Relaxed);
                             if let Some((client, url)) = &http {
-                                let tally = match client.get(url).send().await {
+                                let answer = client.get(url).send().await;
+                                let answered_at = unix_ns();
+                                counts.first_answer_ns.fetch_min(answered_at, Relaxed);
+                                counts
+                                    .longest_get_ns
+                                    .fetch_max(answered_at - admitted_at, Relaxed);
+                                let tally = match answer {
                                     Ok(r) if r.status() == 200 => &counts.http_ok,
-                                    Ok(r) if r.status() == 429 => &counts.http_limited,
+                                    Ok(r) if r.status() == 429 => {
+                                        counts.first_limited_ns.fetch_min(admitted_at, Relaxed);
+                                        &counts.http_limited
+                                    }
                                     _ => &counts.http_other,
                                 };
                                 tally.fetch_add(1, Relaxed);
@@ -444,7 +489,7 @@ async fn limit_worker(
     }
     let c = &counts;
     say(&format!(
-        "done {} {} {} {} {} {} {} {}",
+        "done {} {} {} {} {} {} {} {} {} {} {} {}",
         c.admitted.load(Relaxed),
         c.denied.load(Relaxed),
         c.errors.load(Relaxed),
@@ -453,6 +498,10 @@ async fn limit_worker(
         c.http_ok.load(Relaxed),
         c.http_limited.load(Relaxed),
         c.http_other.load(Relaxed),
+        c.first_admit_ns.load(Relaxed),
+        c.first_answer_ns.load(Relaxed),
+        c.first_limited_ns.load(Relaxed),
+        c.longest_get_ns.load(Relaxed),
     ));
     Ok(())
 }
@@ -471,6 +520,10 @@ struct Done {
     http_ok: u64,
     http_limited: u64,
     http_other: u64,
+    first_admit_ns: u64,
+    first_answer_ns: u64,
+    first_limited_ns: u64,
+    longest_get_ns: u64,
 }
 
 impl Done {
@@ -488,6 +541,10 @@ impl Done {
             http_ok,
             http_limited,
             http_other,
+            first_admit_ns,
+            first_answer_ns,
+            first_limited_ns,
+            longest_get_ns,
         ] = f[..]
         else {
             return Err(format!("a malformed done line: {rest:?}").into());
@@ -501,6 +558,10 @@ impl Done {
             http_ok,
             http_limited,
             http_other,
+            first_admit_ns,
+            first_answer_ns,
+            first_limited_ns,
+            longest_get_ns,
         })
     }
 }
@@ -830,14 +891,21 @@ fn speed(args: &Args, url: &str) -> Result<(), BoxError> {
     Ok(())
 }
 
-/// Runs `exact` or `crash` (killing worker 0 at `kill_after`); the workers and the start.
-fn limited_run(
-    args: &Args,
-    url: &str,
-    kill_after: Option<f64>,
-) -> Result<(Workers, u64, Option<u64>), BoxError> {
+/// One run of `exact` or `crash`.
+struct Limited {
+    workers: Workers,
+    /// The common start, ns on the system clock.
+    start: u64,
+    killed_at: Option<u64>,
+    /// Script calls Redis counted from before the workers started to after they ended.
+    calls: u64,
+}
+
+/// Runs `exact` or `crash` (killing worker 0 at `kill_after`).
+fn limited_run(args: &Args, url: &str, kill_after: Option<f64>) -> Result<Limited, BoxError> {
     let prefix = new_prefix(args.mode.name());
-    let mut workers = Workers::spawn(args, url, &prefix, true, None)?;
+    let before = script_calls(url)?;
+    let mut workers = Workers::spawn(args, url, &prefix, !args.plain, None)?;
     let start = workers.start()?;
     let mut killed_at = None;
     if let Some(after) = kill_after {
@@ -849,11 +917,21 @@ fn limited_run(
         killed_at = Some(unix_ns());
     }
     workers.finish()?;
-    Ok((workers, start, killed_at))
+    Ok(Limited {
+        workers,
+        start,
+        killed_at,
+        calls: script_calls(url)? - before,
+    })
 }
 
 fn exact(args: &Args, url: &str) -> Result<(), BoxError> {
-    let (workers, start, _) = limited_run(args, url, None)?;
+    let Limited {
+        workers,
+        start,
+        calls,
+        ..
+    } = limited_run(args, url, None)?;
     let dones: Vec<Done> = (0..args.processes)
         .map(|id| workers.done(id))
         .collect::<Result<_, _>>()?;
@@ -864,17 +942,18 @@ fn exact(args: &Args, url: &str) -> Result<(), BoxError> {
     let ratio = admitted as f64 / budget;
     let pass = admitted as f64 <= budget && ratio >= 0.95;
     println!(
-        "lease_bench exact P={} T={} limit={}/s burst={} lease={}ms window={window:.6}s \
+        "lease_bench exact P={} T={} limit={}/s burst={} lease={} window={window:.6}s \
          admitted={admitted} budget={budget:.1} ratio={ratio:.4} per_worker={} held_at_end={} \
-         denied={} errors={} {}",
+         denied={} redis_calls={calls} calls_per_admission={:.4} errors={} {}",
         args.processes,
         args.tasks,
         args.rate,
         args.burst,
-        args.lease_ms,
+        args.lease(),
         join(dones.iter().map(|d| d.admitted)),
         join(dones.iter().map(|d| d.held)),
         dones.iter().map(|d| d.denied).sum::<u64>(),
+        calls as f64 / admitted.max(1) as f64,
         dones.iter().map(|d| d.errors).sum::<u64>(),
         if pass { "PASS" } else { "FAIL" },
     );
@@ -885,7 +964,12 @@ fn crash(args: &Args, url: &str) -> Result<(), BoxError> {
     if args.processes < 2 {
         return Err("crash needs at least 2 processes".into());
     }
-    let (workers, start, killed_at) = limited_run(args, url, Some(args.kill_after))?;
+    let Limited {
+        workers,
+        start,
+        killed_at,
+        calls,
+    } = limited_run(args, url, Some(args.kill_after))?;
     let killed_at = killed_at.ok_or("no kill")?;
     let (seen, seen_at, killed_held) = workers.heard[0].last_count.unwrap_or((0, start, 0));
     // The killed worker's rate over what it reported, for what it may have admitted unseen.
@@ -911,17 +995,18 @@ fn crash(args: &Args, url: &str) -> Result<(), BoxError> {
     let bound = (lease + held) as f64 + unseen;
     let pass = total as f64 <= budget && lost <= bound;
     println!(
-        "lease_bench crash P={} T={} limit={}/s burst={} lease={}ms killed=worker0 \
+        "lease_bench crash P={} T={} limit={}/s burst={} lease={} killed=worker0 \
          at={:.3}s last_report_before_kill={:.3}ms killed_seen={seen} killed_held={killed_held} \
          unseen_at_most={unseen} \
          survivors={admitted} per_survivor={} total={total} window={window:.6}s \
          budget={budget:.1} lost={lost:.1} survivors_held_at_end={held} \
-         bound=lease({lease})+held({held})+unseen({unseen})={bound:.1} errors={} {}",
+         bound=lease({lease})+held({held})+unseen({unseen})={bound:.1} redis_calls={calls} \
+         errors={} {}",
         args.processes,
         args.tasks,
         args.rate,
         args.burst,
-        args.lease_ms,
+        args.lease(),
         killed_at.saturating_sub(start) as f64 / 1e9,
         gap * 1e3,
         join(survivors.iter().map(|d| d.admitted)),
@@ -1026,9 +1111,11 @@ fn nginx(args: &Args, url: &str) -> Result<(), BoxError> {
 
     let target = format!("http://127.0.0.1:{port}/ok");
     let prefix = new_prefix("nginx");
-    let mut workers = Workers::spawn(args, url, &prefix, true, Some(&target))?;
+    let before = script_calls(url)?;
+    let mut workers = Workers::spawn(args, url, &prefix, !args.plain, Some(&target))?;
     let start = workers.start()?;
     workers.finish()?;
+    let calls = script_calls(url)? - before;
     let dones: Vec<Done> = (0..args.processes)
         .map(|id| workers.done(id))
         .collect::<Result<_, _>>()?;
@@ -1044,15 +1131,27 @@ fn nginx(args: &Args, url: &str) -> Result<(), BoxError> {
     let budget = f64::from(NGINX_BURST) + f64::from(NGINX_RATE) * args.seconds();
     let ratio = ok as f64 / budget;
     let pass = limited == 0 && other == 0 && ratio >= 0.95;
+    // When things first happened, in ms from the start: nginx's window opens with the first
+    // request it sees, which is after the first admission by the time a GET takes.
+    let first = |f: fn(&Done) -> u64| match dones.iter().map(f).min() {
+        Some(at) if at != u64::MAX => format!("+{:.3}ms", at.saturating_sub(start) as f64 / 1e6),
+        _ => "none".to_owned(),
+    };
+    let longest = dones.iter().map(|d| d.longest_get_ns).max().unwrap_or(0);
     println!(
-        "lease_bench nginx P={} T={} limit={NGINX_RATE}/s burst={NGINX_BURST} lease={}ms \
+        "lease_bench nginx P={} T={} limit={NGINX_RATE}/s burst={NGINX_BURST} lease={} \
          secs={:.1} window={window:.6}s admitted={admitted} http_200={ok} http_429={limited} \
-         http_other={other} budget={budget:.0} ratio={ratio:.4} per_worker={} errors={} {}",
+         http_other={other} budget={budget:.0} ratio={ratio:.4} per_worker={} redis_calls={calls} \
+         first_admission={} first_answer={} first_429={} longest_get={:.3}ms errors={} {}",
         args.processes,
         args.tasks,
-        args.lease_ms,
+        args.lease(),
         args.seconds(),
         join(dones.iter().map(|d| d.admitted)),
+        first(|d| d.first_admit_ns),
+        first(|d| d.first_answer_ns),
+        first(|d| d.first_limited_ns),
+        longest as f64 / 1e6,
         sum(|d| d.errors),
         if pass { "PASS" } else { "FAIL" },
     );
