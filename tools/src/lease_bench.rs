@@ -38,31 +38,31 @@
 //!   budget and at least 95 % of it.
 //! - `crash`: as `exact`, but worker 0 is killed with SIGKILL `--kill-after` seconds (5) from
 //!   the start. Each worker writes its running count every `--report-ms` (1) with the time it
-//!   read it, so what the killed worker admitted after its last report, and which nobody
-//!   counts, is at most its rate times the time from that report to the kill; the line prints
-//!   that estimate, and what the killed worker's lease held at its last admission before that
-//!   report (`killed_held`). `lost` is the budget less what the survivors admitted and the
-//!   killed worker last reported. The survivors also report how many tokens their lease still held at their
-//!   last admission: tokens held when the run stops are lost in `exact` too. The run passes
-//!   when `lost` is at most one lease (`burst / 8`, what the killed process can have taken and
-//!   never spent) plus the survivors' held tokens plus the unseen estimate.
+//!   read it and what its lease held at its last admission, so what the killed worker admitted
+//!   after its last report, and which nobody counts, is about its mean rate times the time from
+//!   that report to the kill: the line prints that estimate (`unseen_at_most`, rounded up) and
+//!   what the killed worker's lease held (`killed_held`). `lost` is the budget less what the
+//!   survivors admitted and the killed worker last reported. The survivors also report what
+//!   their leases held at their last admission: tokens held when the run stops are lost in
+//!   `exact` too. The run passes when `lost` is at most one lease (`burst / 8`, what the killed
+//!   process can have taken and never spent) plus the survivors' held tokens plus the unseen
+//!   estimate.
 //! - `nginx`: an nginx (`--nginx`, on the `PATH` by default) on a free loopback port, with a
 //!   configuration of its own in a new directory: `limit_req_zone $server_name zone=one:1m
-//!   rate=500r/s; limit_req zone=one burst=50 nodelay; limit_req_status 429;`, serving a
-//!   small static file. The workers decide with a leased store at the same limit, 500 per
-//!   second with a burst of 50, for `--seconds` (10), and every admission sends one GET. A
-//!   refused task waits for its `retry_after` (at least 1 ms), as a client of a limited server
-//!   does: demand stays hundreds of times the limit, and the workers leave nginx the CPU it
-//!   needs to answer at once (`--spin` calls again at once instead). The run passes with no
-//!   429 and at least 95 % of `500 × seconds + 50` answered 200. Before the
-//!   run, 100 requests pipelined on one connection to a location with a zone of its own show
-//!   that this nginx limits (51 pass, nginx's first request in a zone is free), and to one
-//!   that answers with `return 200`, which runs before `limit_req` and so is never limited:
-//!   why the measured location serves a file. nginx counts a request when it arrives, the
-//!   store when it decides: the line also gives when the first admission and the first answer
-//!   came, the admission time of the first request refused, and the longest GET, since GETs
-//!   that take longer than others bunch up on arrival (nginx's one request beyond the burst
-//!   covers 2 ms of that at 500 per second).
+//!   rate=500r/s; limit_req zone=one burst=50 nodelay; limit_req_status 429;`, serving a small
+//!   static file. The workers decide with a leased store at the same limit, 500 per second with
+//!   a burst of 50, for `--seconds` (10), and every admission sends one GET. A refused task
+//!   waits for its `retry_after` (at least 1 ms), as a client of a limited server does: demand
+//!   stays hundreds of times the limit, and the workers leave nginx the CPU it needs to answer
+//!   at once (`--spin` calls again at once instead). The run passes with no 429 and at least
+//!   95 % of `500 × seconds + 50` answered 200. Before the run, 100 requests pipelined on one
+//!   connection to a location with a zone of its own show that this nginx limits (51 pass:
+//!   nginx's first request in a zone is free), and to one that answers with `return 200`, which
+//!   runs before `limit_req` and so is never limited: why the measured location serves a file.
+//!   nginx counts a request when it arrives, the store when it decides: the line also gives
+//!   when the first admission and the first answer came, the admission time of the first
+//!   request refused, and the longest GET, since GETs that take longer than others bunch up on
+//!   arrival (nginx's one request beyond the burst covers 2 ms of that at 500 per second).
 //!
 //! Options: `--url` (or `REDIS_URL`) instead of a Redis of the tool's own (other clients of
 //! it count in `speed`'s Redis calls); `--processes 4`; `--tasks 64`; `--lease-ms 1000`;
@@ -77,7 +77,7 @@
 //!   p99=<us>us p999=<us>us redis_calls=<n> calls_per_decision=<x> denied=0 errors=0
 //! lease_bench exact P=4 T=64 limit=20000/s burst=2000 lease=1000ms window=<s>s
 //!   admitted=<n> budget=<x> ratio=<x> per_worker=<n>,<n>,<n>,<n> held_at_end=<n>,...
-//!   denied=<n> errors=0 PASS
+//!   denied=<n> redis_calls=<n> calls_per_admission=<x> errors=0 PASS
 //! ```
 
 use std::error::Error;
@@ -123,10 +123,10 @@ struct Args {
     #[arg(long, default_value_t = 64, value_parser = at_least_one)]
     tasks: usize,
     /// Length of the measured run (5 s for speed, 10 s for the other modes).
-    #[arg(long)]
+    #[arg(long, value_parser = positive_seconds)]
     seconds: Option<f64>,
     /// speed: the unmeasured run before each measured one.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = seconds_or_zero)]
     warmup_seconds: f64,
     /// exact and crash: the limit's tokens per second.
     #[arg(long, default_value_t = 20_000)]
@@ -138,7 +138,7 @@ struct Args {
     #[arg(long, default_value_t = 1_000)]
     lease_ms: u64,
     /// crash: when worker 0 is killed, in seconds from the start.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 5.0, value_parser = seconds_or_zero)]
     kill_after: f64,
     /// How often a worker writes its running count, in milliseconds.
     #[arg(long, default_value_t = 1)]
@@ -211,6 +211,24 @@ impl Args {
             Mode::Exact | Mode::Crash => Limit::per_second(self.rate)?.with_burst(self.burst)?,
             Mode::Nginx => Limit::per_second(NGINX_RATE)?.with_burst(NGINX_BURST)?,
         })
+    }
+}
+
+fn positive_seconds(value: &str) -> Result<f64, String> {
+    let s: f64 = value.parse().map_err(|e| format!("{e}"))?;
+    if s > 0.0 && s.is_finite() {
+        Ok(s)
+    } else {
+        Err("must be a positive number".into())
+    }
+}
+
+fn seconds_or_zero(value: &str) -> Result<f64, String> {
+    let s: f64 = value.parse().map_err(|e| format!("{e}"))?;
+    if s >= 0.0 && s.is_finite() {
+        Ok(s)
+    } else {
+        Err("must be zero or more".into())
     }
 }
 
@@ -976,6 +994,9 @@ fn exact(args: &Args, url: &str) -> Result<(), BoxError> {
 fn crash(args: &Args, url: &str) -> Result<(), BoxError> {
     if args.processes < 2 {
         return Err("crash needs at least 2 processes".into());
+    }
+    if args.kill_after >= args.seconds() {
+        return Err("--kill-after must come before the end of the run".into());
     }
     let Limited {
         workers,
