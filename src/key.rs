@@ -280,17 +280,13 @@ impl BucketKey {
 
     /// The bucket name.
     pub fn bucket(&self) -> &str {
-        self.as_str()
-            .get(..self.id.bucket_len())
-            .unwrap_or_default()
+        self.id.bucket()
     }
 
     /// The escaped or hashed caller's key, without the bucket: what a Redis key's hash tag holds.
     #[cfg_attr(not(any(feature = "redis", feature = "tower")), allow(dead_code))]
     pub(crate) fn caller(&self) -> &str {
-        self.as_str()
-            .get(self.id.bucket_len() + 1..)
-            .unwrap_or_default()
+        self.id.caller()
     }
 
     /// `<bucket>:<escaped or hashed key>`: the part of the store key this identity contributes.

@@ -92,13 +92,33 @@ impl Id {
     /// cannot skip; they are ASCII, so the check never fails and costs a few instructions a
     /// byte.
     pub(super) fn as_str(&self) -> &str {
+        self.text(0, usize::MAX)
+    }
+
+    /// The bucket name.
+    pub(super) fn bucket(&self) -> &str {
+        self.text(0, self.bucket_len())
+    }
+
+    /// The escaped or hashed key, after the bucket name and `:`.
+    pub(super) fn caller(&self) -> &str {
+        self.text(self.bucket_len() + 1, usize::MAX)
+    }
+
+    /// The id's bytes from `from` up to `to` (or its end) as text, checked, if inline, over
+    /// those bytes alone.
+    fn text(&self, from: usize, to: usize) -> &str {
         match self {
-            Id::Inline { .. } => std::str::from_utf8(self.as_bytes()).unwrap_or_default(),
-            Id::Heap { id, .. } => id,
+            Id::Inline { .. } => {
+                let bytes = self.as_bytes();
+                let part = bytes.get(from..to.min(bytes.len())).unwrap_or_default();
+                std::str::from_utf8(part).unwrap_or_default()
+            }
+            Id::Heap { id, .. } => id.get(from..to.min(id.len())).unwrap_or_default(),
         }
     }
 
-    pub(super) fn bucket_len(&self) -> usize {
+    fn bucket_len(&self) -> usize {
         match self {
             Id::Inline { bucket_len, .. } | Id::Heap { bucket_len, .. } => usize::from(*bucket_len),
         }
