@@ -201,6 +201,13 @@ impl BucketKey {
         {
             return Ok(Self { id });
         }
+        Ok(Self::written(bucket, key, hashing))
+    }
+
+    /// [`build`](Self::build) for an id that needs escapes, is too long to keep inline, or is
+    /// hashed: written on the stack first, apart from the usual key's short path.
+    #[inline(never)]
+    fn written(bucket: &str, key: &[u8], hashing: Hashing<'_>) -> Self {
         let mut id = Text::new(bucket);
         let digest = match hashing {
             Hashing::Keyed(secret) => Some(secret.mac(key)),
@@ -211,9 +218,9 @@ impl BucketKey {
         if let Some(digest) = digest {
             id.set_digest(bucket.len(), &digest);
         }
-        Ok(Self {
+        Self {
             id: id.finish(bucket.len()),
-        })
+        }
     }
 
     /// The key whose [`as_str`](Self::as_str) is `id`, read back from its escaped or hashed

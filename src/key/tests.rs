@@ -272,6 +272,13 @@ fn short_and_long_ids_read_compare_and_hash_as_their_text() {
         BucketKey::new("b", "x".repeat(43)),
         BucketKey::new("b", "x".repeat(44))
     );
+    for n in 1..=64 {
+        let name: String = (0..n).map(|i| char::from(b'a' + (i % 26) as u8)).collect();
+        let key = BucketKey::new(&name, "k-7").expect("a valid key");
+        assert_eq!(key.as_str(), format!("{name}:k-7"));
+        assert_eq!(key.bucket(), name);
+        assert_eq!(key.caller(), "k-7");
+    }
 }
 
 /// 45 inline bytes, the enum's tag and two lengths fill 48 bytes exactly: one byte more would
