@@ -41,23 +41,6 @@ impl Key {
 
     #[inline]
     pub(super) fn is(&self, id: &[u8]) -> bool {
-        let mine = self.as_bytes();
-        mine.len() == id.len() && same_bytes(mine, id)
-    }
-}
-
-/// Whether `a` and `b`, of one length, hold the same bytes. A decision compares its key with a
-/// bucket's, usually a short one: two loads from each end cover 4 to 32 bytes without the call
-/// into the C library's `memcmp` that slice equality makes.
-#[inline]
-fn same_bytes(a: &[u8], b: &[u8]) -> bool {
-    fn ends<const N: usize>(s: &[u8]) -> Option<([u8; N], [u8; N])> {
-        Some((*s.first_chunk()?, *s.last_chunk()?))
-    }
-    match a.len() {
-        16..=32 => ends::<16>(a) == ends::<16>(b),
-        8..16 => ends::<8>(a) == ends::<8>(b),
-        4..8 => ends::<4>(a) == ends::<4>(b),
-        _ => a == b,
+        self.as_bytes() == id
     }
 }

@@ -378,7 +378,7 @@ mod bound;
 mod races;
 
 /// A key compares equal to its own bytes and to no others that differ in one byte, at every
-/// length on both sides of the inline bound and of each width the comparison loads.
+/// length on both sides of the inline bound.
 #[test]
 fn keys_differing_in_one_byte_are_told_apart_at_every_length() {
     for len in 1..=40 {
