@@ -54,7 +54,7 @@ impl Id {
     }
 
     /// `<bucket>:<key>` for a checked bucket name and a key that needs no escape, if the two
-    /// fit inline: the usual key, written straight into its place.
+    /// fit inline: the usual key, written without the long path's stack buffer.
     #[inline]
     pub(super) fn unescaped(bucket: &str, key: &[u8]) -> Option<Self> {
         let len = bucket.len() + 1 + key.len();
