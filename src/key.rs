@@ -2,12 +2,17 @@
 
 use std::fmt;
 use std::fmt::Write as _;
+use std::hash::{Hash, Hasher};
 use std::sync::{Arc, PoisonError, RwLock};
 
 use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 
 pub(crate) use crate::error::{InvalidKey, InvalidName};
+
+use id::{Id, Text};
+
+mod id;
 
 pub(crate) type HmacSha256 = Hmac<Sha256>;
 
@@ -129,7 +134,9 @@ impl fmt::Debug for BucketName {
 ///   guesses against it (a password, a short token, an IP address), so prefer
 ///   [`keyed`](BucketKey::keyed) for anything secret.
 ///
-/// [`as_str`](Self::as_str) and `Display` show only the escaped or hashed form.
+/// [`as_str`](Self::as_str) and `Display` show only the escaped or hashed form. An `as_str` of up
+/// to 45 bytes is kept inside the `BucketKey`, so the usual key costs no allocation to build or
+/// to clone.
 ///
 /// ```
 /// use burstgate::{BucketKey, KeySecret};
@@ -145,10 +152,9 @@ impl fmt::Debug for BucketName {
 /// assert!(!token.as_str().contains("s3cr3t"));
 /// # Ok::<(), burstgate::InvalidKey>(())
 /// ```
-#[derive(Clone, PartialEq, Eq, Hash)]
+#[derive(Clone)]
 pub struct BucketKey {
-    id: Box<str>,
-    bucket_len: usize,
+    id: Id,
 }
 
 impl BucketKey {
@@ -190,37 +196,31 @@ impl BucketKey {
         if key.is_empty() {
             return Err(InvalidKey::EmptyKey);
         }
-        let mut id = String::with_capacity(bucket.len() + 1 + key.len().min(MAX_ESCAPED_KEY_LEN));
-        id.push_str(bucket);
-        id.push(':');
-        let escaped_len = key.len() + 2 * key.iter().filter(|&&b| !plain(b)).count();
+        if let Hashing::None = hashing
+            && let Some(id) = Id::unescaped(bucket, key)
+        {
+            return Ok(Self { id });
+        }
+        Ok(Self::written(bucket, key, hashing))
+    }
+
+    /// [`build`](Self::build) for an id that needs escapes, is too long to keep inline, or is
+    /// hashed: written on the stack first, apart from the usual key's short path.
+    #[inline(never)]
+    fn written(bucket: &str, key: &[u8], hashing: Hashing<'_>) -> Self {
+        let mut id = Text::new(bucket);
         let digest = match hashing {
             Hashing::Keyed(secret) => Some(secret.mac(key)),
             Hashing::Plain => Some(Sha256::digest(key).into()),
-            Hashing::None if escaped_len > MAX_ESCAPED_KEY_LEN => Some(Sha256::digest(key).into()),
-            Hashing::None => None,
+            Hashing::None if id.push_escaped(key) => None,
+            Hashing::None => Some(Sha256::digest(key).into()),
         };
         if let Some(digest) = digest {
-            id.push('#');
-            push_hex(&mut id, &digest);
-        } else if escaped_len == key.len()
-            && let Ok(text) = std::str::from_utf8(key)
-        {
-            // Nothing to escape, the usual case (an address, an account): copied at once.
-            id.push_str(text);
-        } else {
-            for &b in key {
-                if plain(b) {
-                    id.push(char::from(b));
-                } else {
-                    let _ = write!(id, "%{b:02X}");
-                }
-            }
+            id.set_digest(bucket.len(), &digest);
         }
-        Ok(Self {
-            id: id.into_boxed_str(),
-            bucket_len: bucket.len(),
-        })
+        Self {
+            id: id.finish(bucket.len()),
+        }
     }
 
     /// The key whose [`as_str`](Self::as_str) is `id`, read back from its escaped or hashed
@@ -281,25 +281,31 @@ impl BucketKey {
             ok
         };
         canonical.then(|| Self {
-            id: id.into(),
-            bucket_len: bucket.len(),
+            id: Id::of(id, bucket.len()),
         })
     }
 
     /// The bucket name.
     pub fn bucket(&self) -> &str {
-        &self.id[..self.bucket_len]
+        self.id.bucket()
     }
 
     /// The escaped or hashed caller's key, without the bucket: what a Redis key's hash tag holds.
     #[cfg_attr(not(any(feature = "redis", feature = "tower")), allow(dead_code))]
     pub(crate) fn caller(&self) -> &str {
-        self.id.get(self.bucket_len + 1..).unwrap_or_default()
+        self.id.caller()
     }
 
     /// `<bucket>:<escaped or hashed key>`: the part of the store key this identity contributes.
     pub fn as_str(&self) -> &str {
-        &self.id
+        self.id.as_str()
+    }
+
+    /// [`as_str`](Self::as_str)'s bytes, without its check that they are text: what a store
+    /// hashes and compares on each decision.
+    #[inline]
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        self.id.as_bytes()
     }
 
     /// A short hash of the identity (12 hex digits), to tell keys apart in logs without
@@ -323,7 +329,7 @@ impl BucketKey {
     /// `RateLimit` field names a partition by, so that it and the logs agree.
     pub(crate) fn fingerprint_bytes(&self) -> [u8; 6] {
         let mut mac = fingerprint_key();
-        mac.update(self.id.as_bytes());
+        mac.update(self.as_bytes());
         let digest = mac.finalize().into_bytes();
         let mut out = [0; 6];
         out.copy_from_slice(&digest[..6]);
@@ -537,6 +543,10 @@ pub(crate) fn check_name(s: &str) -> Result<(), InvalidName> {
     if s.len() > MAX_BUCKET_LEN {
         return Err(InvalidName::TooLong { len: s.len() });
     }
+    // Every byte looked at, with no branch per byte, and the culprit sought only on failure.
+    if s.bytes().fold(NAME, |all, b| all & BYTES[usize::from(b)]) & NAME != 0 {
+        return Ok(());
+    }
     match s.bytes().position(|b| BYTES[usize::from(b)] & NAME == 0) {
         Some(index) => Err(InvalidName::Character {
             index,
@@ -572,15 +582,30 @@ const NAME: u8 = 1;
 /// The byte stays as it is in a key.
 const PLAIN: u8 = 2;
 
+// By the id's bytes alone: the bucket name's length follows from them (a name holds no `:`).
+impl PartialEq for BucketKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_bytes() == other.as_bytes()
+    }
+}
+
+impl Eq for BucketKey {}
+
+impl Hash for BucketKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.as_bytes().hash(state);
+    }
+}
+
 impl fmt::Display for BucketKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.id)
+        f.write_str(self.as_str())
     }
 }
 
 impl fmt::Debug for BucketKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("BucketKey").field(&self.id).finish()
+        f.debug_tuple("BucketKey").field(&self.as_str()).finish()
     }
 }
 

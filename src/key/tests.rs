@@ -226,3 +226,64 @@ fn a_fingerprint_keyed_with_a_secret_depends_on_the_secret_and_the_key_alone() {
     assert_ne!(key.fingerprint(), expected, "a secret chosen later does");
     secret.key_fingerprints();
 }
+
+/// An id is kept inside the key up to 45 bytes and on the heap past that: either way it reads,
+/// compares and hashes as its text, and reads back as the same key. Escaping after a key's first
+/// bytes were copied as they are writes over them, and a key that grows past 128 bytes as it is
+/// escaped is hashed.
+#[test]
+fn short_and_long_ids_read_compare_and_hash_as_their_text() {
+    use std::hash::BuildHasher;
+    let hasher = std::collections::hash_map::RandomState::new();
+    let escaped = |key: &[u8]| -> String {
+        key.iter()
+            .map(|&b| match b {
+                b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'.' | b'_' | b'-' | b'@' | b'/' => {
+                    char::from(b).to_string()
+                }
+                _ => format!("%{b:02X}"),
+            })
+            .collect()
+    };
+    for n in 1..=140 {
+        for raw in [
+            "k".repeat(n).into_bytes(),
+            format!("{}:", "k".repeat(n - 1)).into_bytes(),
+            (0..n).map(|i| (i * 37 % 256) as u8).collect(),
+        ] {
+            let key = BucketKey::new("bucket", &raw).expect("a valid key");
+            let text = escaped(&raw);
+            let expected = if text.len() <= 128 {
+                format!("bucket:{text}")
+            } else {
+                format!("bucket:#{:x}", Sha256::digest(&raw))
+            };
+            assert_eq!(key.as_str(), expected);
+            assert_eq!(key.to_string(), expected);
+            assert_eq!(key.bucket(), "bucket");
+            assert_eq!(key.caller(), &expected["bucket:".len()..]);
+            let back = BucketKey::from_escaped(key.as_str()).expect("the key's own text");
+            assert_eq!(back.as_str(), key.as_str());
+            assert_eq!(hasher.hash_one(&back), hasher.hash_one(&key));
+            assert_eq!(back, key);
+        }
+    }
+    assert_ne!(
+        BucketKey::new("b", "x".repeat(43)),
+        BucketKey::new("b", "x".repeat(44))
+    );
+    for n in 1..=64 {
+        let name: String = (0..n).map(|i| char::from(b'a' + (i % 26) as u8)).collect();
+        let key = BucketKey::new(&name, "k-7").expect("a valid key");
+        assert_eq!(key.as_str(), format!("{name}:k-7"));
+        assert_eq!(key.bucket(), name);
+        assert_eq!(key.caller(), "k-7");
+    }
+}
+
+/// 45 inline bytes, the enum's tag and two lengths fill 48 bytes exactly: one byte more would
+/// make every key, and every copy of one, 56.
+#[test]
+fn a_key_is_48_bytes() {
+    assert_eq!(std::mem::size_of::<BucketKey>(), 48);
+}

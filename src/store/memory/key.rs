@@ -15,15 +15,15 @@ const INLINE_LEN: usize = 30;
 #[derive(Clone)]
 pub(super) enum Key {
     Inline { len: u8, bytes: [u8; INLINE_LEN] },
-    Heap(Arc<str>),
+    Heap(Arc<[u8]>),
 }
 
 impl Key {
-    pub(super) fn new(id: &str) -> Self {
+    pub(super) fn new(id: &[u8]) -> Self {
         match u8::try_from(id.len()) {
             Ok(len) if id.len() <= INLINE_LEN => {
                 let mut bytes = [0; INLINE_LEN];
-                bytes[..id.len()].copy_from_slice(id.as_bytes());
+                bytes[..id.len()].copy_from_slice(id);
                 Key::Inline { len, bytes }
             }
             _ => Key::Heap(id.into()),
@@ -35,12 +35,12 @@ impl Key {
         match self {
             // `new` only makes inline keys that fit, so the range is in bounds.
             Key::Inline { len, bytes } => &bytes[..usize::from(*len)],
-            Key::Heap(id) => id.as_bytes(),
+            Key::Heap(id) => id,
         }
     }
 
     #[inline]
-    pub(super) fn is(&self, id: &str) -> bool {
-        self.as_bytes() == id.as_bytes()
+    pub(super) fn is(&self, id: &[u8]) -> bool {
+        self.as_bytes() == id
     }
 }

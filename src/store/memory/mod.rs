@@ -312,15 +312,17 @@ impl<C: Clock> MemoryStore<C> {
         key: &BucketKey,
         f: impl FnOnce(Option<State>, u64) -> (T, Option<Write>),
     ) -> Result<T, Full> {
-        let id = key.as_str();
-        let hasher = &self.inner.hasher;
-        // One hash serves both the shard and the lookups inside it.
-        let hash = hash(hasher, id.as_bytes());
-        let index = self.inner.shard_of(hash);
         // Read before any lock, so that locks are held for the arithmetic alone. A caller that
         // read its time just before another's but locks after it finds a stored time ahead of its
-        // own, and, as for any clock behind the stored time, refills nothing for the gap.
+        // own, and, as for any clock behind the stored time, refills nothing for the gap. Read
+        // before the hash, too: a key built for this very request is still being stored when
+        // the hash reads it, and the clock's read overlaps that wait.
         let now_ms = self.clock.now_ms();
+        let id = key.as_bytes();
+        let hasher = &self.inner.hasher;
+        // One hash serves both the shard and the lookups inside it.
+        let hash = hash(hasher, id);
+        let index = self.inner.shard_of(hash);
         // The hot path: an existing key, through this thread's view of its shard's table.
         let mut f = Some(f);
         let fast = VIEWS.try_with(|views| {
@@ -381,7 +383,7 @@ impl<C: Clock> BucketStore for MemoryStore<C> {
     ) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send {
         let decided = check_takes(takes).and_then(|costs| {
             let max_wait = whole_ms(max_wait);
-            let ids: PerBucket<&str> = takes.iter().map(|t| t.key().as_str()).collect();
+            let ids: PerBucket<&[u8]> = takes.iter().map(|t| t.key().as_bytes()).collect();
             self.with_buckets(&ids, |states, now, writes| {
                 let parts: PerBucket<bucket::Part> = takes
                     .iter()

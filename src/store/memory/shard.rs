@@ -85,7 +85,7 @@ impl<C: Clock> MemoryStore<C> {
         &self,
         index: usize,
         hash: u64,
-        id: &str,
+        id: &[u8],
         now_ms: u64,
         f: impl FnOnce(Option<State>, u64) -> (T, Option<Write>),
     ) -> Result<T, Full> {
@@ -165,14 +165,14 @@ impl<C: Clock> MemoryStore<C> {
     #[inline]
     pub(super) fn with_buckets<T>(
         &self,
-        ids: &[&str],
+        ids: &[&[u8]],
         f: impl FnOnce(&[Option<State>], u64, &mut [Option<Write>]) -> T,
     ) -> Result<T, Full> {
         let hasher = &self.inner.hasher;
         let keys: PerBucket<(u64, usize)> = ids
             .iter()
             .map(|id| {
-                let hash = hash(hasher, id.as_bytes());
+                let hash = hash(hasher, id);
                 (hash, self.inner.shard_of(hash))
             })
             .collect();
@@ -221,7 +221,7 @@ impl<C: Clock> MemoryStore<C> {
     #[cold]
     fn with_buckets_locked<T>(
         &self,
-        ids: &[&str],
+        ids: &[&[u8]],
         keys: &[(u64, usize)],
         now_ms: u64,
         f: impl FnOnce(&[Option<State>], u64, &mut [Option<Write>]) -> T,

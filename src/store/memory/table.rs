@@ -48,7 +48,7 @@ impl Table {
     /// another core's cache once, ready to be written, where reading the key first would fetch
     /// it to read and again to write.
     #[inline]
-    pub(super) fn hold(&self, hash: u64, id: &str) -> Option<Held<'_>> {
+    pub(super) fn hold(&self, hash: u64, id: &[u8]) -> Option<Held<'_>> {
         self.hold_besides(hash, id, &[])
     }
 
@@ -60,7 +60,7 @@ impl Table {
     pub(super) fn hold_besides(
         &self,
         hash: u64,
-        id: &str,
+        id: &[u8],
         held: &[Option<Held<'_>>],
     ) -> Option<Held<'_>> {
         let tag = tag_of(hash);
@@ -96,7 +96,7 @@ impl Table {
 impl Table {
     /// Whether the table holds `id`'s bucket, without taking its lock: for a caller holding the
     /// shard's lock, under which no bucket of the current table is gone and no key changes.
-    pub(super) fn find(&self, hash: u64, id: &str) -> Option<()> {
+    pub(super) fn find(&self, hash: u64, id: &[u8]) -> Option<()> {
         let tag = tag_of(hash);
         let mask = self.index.len().wrapping_sub(1);
         let mut at = hash as usize & mask;
@@ -135,7 +135,7 @@ impl Table {
     /// [`hold`](Self::hold) without waiting: every slot on the way is tried once, and a locked
     /// one ends the search as [`Tried::Busy`]. For a decision that holds other buckets already,
     /// which must never wait while it holds them.
-    pub(super) fn try_hold(&self, hash: u64, id: &str) -> Tried<'_> {
+    pub(super) fn try_hold(&self, hash: u64, id: &[u8]) -> Tried<'_> {
         let tag = tag_of(hash);
         let mask = self.index.len().wrapping_sub(1);
         let mut at = hash as usize & mask;

@@ -376,3 +376,20 @@ fn five_per_hour() -> Limit {
 
 mod bound;
 mod races;
+
+/// A key compares equal to its own bytes and to no others that differ in one byte, at every
+/// length on both sides of the inline bound.
+#[test]
+fn keys_differing_in_one_byte_are_told_apart_at_every_length() {
+    for len in 1..=40 {
+        let id: Vec<u8> = (0..len).map(|i| b'a' + (i % 26) as u8).collect();
+        let key = key::Key::new(&id);
+        assert!(key.is(&id), "{len}");
+        assert!(!key.is(&id[..len - 1]), "{len}");
+        for at in 0..len {
+            let mut other = id.clone();
+            other[at] ^= 1;
+            assert!(!key.is(&other), "{len} bytes, byte {at}");
+        }
+    }
+}

@@ -285,7 +285,7 @@ fn a_new_key_decided_often_moves_into_the_table() {
     }
     let shard = lock(shard);
     assert_eq!((shard.new.len(), shard.table.buckets.len()), (0, 1));
-    assert!(shard.table.hold(hash, key.as_str()).is_some());
+    assert!(shard.table.hold(hash, key.as_bytes()).is_some());
 }
 
 /// One thread deciding on more stores than it keeps views of, in turns: each store's buckets
