@@ -270,29 +270,12 @@ pub(super) fn lease_command(
 /// the grant is at most what was wanted and the tokens kept at most what the holder asked to
 /// keep.
 pub(super) fn parse_renewal(value: &Value, ask: &Ask) -> Result<Renewal, StoreError> {
-    let bad = || {
-        StoreError::Backend(BackendError::new(
-            "the lease script answered something other than a renewal",
-            None,
-        ))
-    };
-    let Value::BulkString(bytes) = value else {
-        return Err(bad());
-    };
-    let Ok(numbers) = <&[u8; 40]>::try_from(bytes.as_slice()) else {
-        return Err(bad());
-    };
-    let mut whole = [0u64; 5];
-    for (w, chunk) in whole.iter_mut().zip(numbers.chunks_exact(8)) {
-        let mut b = [0; 8];
-        b.copy_from_slice(chunk);
-        *w = to_whole(f64::from_le_bytes(b)).ok_or_else(bad)?;
-    }
-    let [granted, kept, wait, remaining, at] = whole;
+    let what = "the lease script answered something other than a renewal";
+    let [granted, kept, wait, remaining, at] = whole_numbers(value, what)?;
     let (granted, kept) = (granted as f64, kept as f64);
     let granted_ok = granted == 0.0 || (granted >= ask.least && granted <= ask.want);
     if !granted_ok || kept > ask.keep {
-        return Err(bad());
+        return Err(StoreError::Backend(BackendError::new(what, None)));
     }
     Ok(Renewal {
         granted,
@@ -303,30 +286,37 @@ pub(super) fn parse_renewal(value: &Value, ask: &Ask) -> Result<Renewal, StoreEr
     })
 }
 
-/// The lease script's reply to a peek: `allowed, next, remaining, reset, at, out`, six whole
-/// `f64`s; the outcome, and the tokens out on lease.
-pub(super) fn parse_lease_peek(value: &Value) -> Result<(Verdict, u64), StoreError> {
-    let bad = || {
-        StoreError::Backend(BackendError::new(
-            "the lease script answered something other than a peek",
-            None,
-        ))
-    };
+/// A reply of `N` little-endian `f64`s, each a whole number the script can answer; `what` says
+/// what else it was.
+fn whole_numbers<const N: usize>(
+    value: &Value,
+    what: &'static str,
+) -> Result<[u64; N], StoreError> {
+    let bad = || StoreError::Backend(BackendError::new(what, None));
     let Value::BulkString(bytes) = value else {
         return Err(bad());
     };
-    let Ok(numbers) = <&[u8; 48]>::try_from(bytes.as_slice()) else {
+    let (numbers, []) = bytes.as_chunks::<8>() else {
         return Err(bad());
     };
-    let mut whole = [0u64; 6];
-    for (w, chunk) in whole.iter_mut().zip(numbers.chunks_exact(8)) {
-        let mut b = [0; 8];
-        b.copy_from_slice(chunk);
-        *w = to_whole(f64::from_le_bytes(b)).ok_or_else(bad)?;
+    if numbers.len() != N {
+        return Err(bad());
     }
+    let mut whole = [0u64; N];
+    for (w, b) in whole.iter_mut().zip(numbers) {
+        *w = to_whole(f64::from_le_bytes(*b)).ok_or_else(bad)?;
+    }
+    Ok(whole)
+}
+
+/// The lease script's reply to a peek: `allowed, next, remaining, reset, at, out`, six whole
+/// `f64`s; the outcome, and the tokens out on lease.
+pub(super) fn parse_lease_peek(value: &Value) -> Result<(Verdict, u64), StoreError> {
+    let what = "the lease script answered something other than a peek";
+    let whole = whole_numbers::<6>(value, what)?;
     let [allowed, wait, remaining, reset, at, out] = whole;
     if allowed > 1 {
-        return Err(bad());
+        return Err(StoreError::Backend(BackendError::new(what, None)));
     }
     let outcome = Verdict {
         allowed: allowed == 1,
