@@ -290,6 +290,18 @@ impl Held {
         true
     }
 
+    /// Takes back `cost` tokens spent since the last renewal was sent, under this holder, while
+    /// the lease lasts: its record still counts them. Whether they went back.
+    fn give_back(&mut self, cost: u64, now: u64) -> bool {
+        self.expire(now);
+        if self.until > now && self.spent >= cost {
+            self.held += cost;
+            self.spent -= cost;
+            return true;
+        }
+        false
+    }
+
     /// After a renewal whose outcome is unknown: a new holder, and what the old one held kept
     /// until the earlier of the two deadlines.
     fn fence(&mut self) {
@@ -303,6 +315,8 @@ impl Held {
         }
         self.held = 0;
         self.until = 0;
+        // What was spent is the old holder's: nothing of it goes back to the new one.
+        self.spent = 0;
         self.holder = holder_id();
     }
 }
@@ -661,20 +675,17 @@ where
         });
     }
 
-    /// Gives the tokens of an admission from a lease back to the lease, while it can still be
-    /// spent; otherwise they stay spent, the safe direction.
+    /// Gives the tokens of an admission from a lease back to the lease, while its record still
+    /// counts them: they were spent since the last renewal was sent (which reports everything
+    /// spent before it), under the same holder, and the lease is not over. Otherwise they stay
+    /// spent, the safe direction.
     pub(super) fn refund_leased(&self, key: &BucketKey, cost: u32) {
         let Some(slot) = self.leases.as_ref().and_then(|t| t.find(key)) else {
             return;
         };
         let mut h = slot.lock();
         let now = self.clock.now_ms();
-        h.expire(now);
-        if h.until > now {
-            let cost = u64::from(cost);
-            h.held += cost;
-            h.spent = h.spent.saturating_sub(cost);
-        }
+        h.give_back(u64::from(cost), now);
     }
 }
 
@@ -740,5 +751,29 @@ mod tests {
         assert_eq!((h.older, h.older_until), (6, 150));
         h.expire(150);
         assert!(!h.spend(1), "nothing past its time");
+    }
+
+    #[test]
+    fn a_refund_goes_back_only_while_the_record_still_counts_it() {
+        let mut h = Held {
+            holder: 1.0,
+            held: 4,
+            until: 100,
+            ..Held::default()
+        };
+        assert!(h.spend(2));
+        assert!(h.give_back(1, 10), "spent since the last renewal was sent");
+        assert_eq!((h.held, h.spent), (3, 1));
+        // A renewal sent now reports what was spent before it: none of it goes back after.
+        h.spent = 0;
+        assert!(!h.give_back(1, 10));
+        // Nor after a fence, to the new holder, nor past the lease's time.
+        assert!(h.spend(1));
+        h.fence();
+        assert!(!h.give_back(1, 10));
+        h.held = 1;
+        h.until = 100;
+        assert!(h.spend(1));
+        assert!(!h.give_back(1, 100));
     }
 }
