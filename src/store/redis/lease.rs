@@ -12,8 +12,8 @@ use redis::aio::ConnectionLike;
 use super::RedisStore;
 use super::script::Failure;
 use super::wire::{LeaseArgs, LeaseOp};
-use crate::bucket::Verdict;
 use crate::bucket::lease::{Ask, MAX_LEASE_MS};
+use crate::bucket::{MAX_TIME, Verdict};
 use crate::clock::Clock;
 use crate::error::InvalidLeases;
 use crate::store::{Decision, Source, StoreError};
@@ -202,7 +202,8 @@ impl Table {
             .is_some_and(|s| Arc::ptr_eq(s, slot))
         {
             let h = slot.lock();
-            if h.held == 0 && h.older == 0 && !h.renewing && !h.watching {
+            // Tokens of a retired holder are given up with the slot: the safe direction.
+            if h.held == 0 && !h.renewing && !h.watching {
                 drop(h);
                 slots.remove(key.as_str());
             }
@@ -341,6 +342,21 @@ impl Drop for Renewing {
     }
 }
 
+/// The watch of a slot: unless it ended by giving the lease back (which clears the slot's
+/// `watching` itself, in the same step), the slot stops counting it as running when it goes.
+struct Watching {
+    slot: Arc<Slot>,
+    armed: bool,
+}
+
+impl Drop for Watching {
+    fn drop(&mut self) {
+        if self.armed {
+            self.slot.lock().watching = false;
+        }
+    }
+}
+
 impl<C, K> RedisStore<C, K>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
@@ -375,14 +391,14 @@ where
             // found the lease over.
             let next = {
                 let mut h = slot.lock();
-                let now = self.clock.now_ms();
+                let now = self.now_ms();
                 h.expire(now);
                 if h.spend(cost_u) {
                     let low =
                         (h.held < h.size / 2 || now >= h.sent + time / 2) && now >= h.quiet_until;
                     let renew = (low && !h.renewing).then(|| {
                         h.renewing = true;
-                        self.ask(table, &h, limit, 0, now)
+                        self.ask(table, &mut h, limit, 0, now)
                     });
                     let watch = renew.is_some() && !std::mem::replace(&mut h.watching, true);
                     Next::Spent {
@@ -391,7 +407,9 @@ where
                         renew,
                         watch,
                     }
-                } else if now < h.denied_until && cost_u.saturating_sub(h.held) >= h.denied_for {
+                } else if now < h.denied_until
+                    && cost_u.saturating_sub(h.held + h.older) >= h.denied_for
+                {
                     Next::Denied {
                         held: h.held + h.older,
                         now,
@@ -410,7 +428,7 @@ where
                 } else {
                     h.renewing = true;
                     let least = cost_u.saturating_sub(h.held + h.older);
-                    let ask = self.ask(table, &h, limit, least, now);
+                    let ask = self.ask(table, &mut h, limit, least, now);
                     let watch = !std::mem::replace(&mut h.watching, true);
                     Next::Renew { ask, now, watch }
                 }
@@ -483,9 +501,17 @@ where
         }
     }
 
+    /// The store's clock, at most the latest time the arithmetic takes, so that no sum of a
+    /// time and a lease's time overflows.
+    fn now_ms(&self) -> u64 {
+        self.clock.now_ms().min(MAX_TIME)
+    }
+
     /// What to ask for at `now`: keep what is held, and a lease sized to the recent rate, at
-    /// most an eighth of the burst or `least`, whichever is more.
-    fn ask(&self, table: &Table, h: &Held, limit: Limit, least: u64, now: u64) -> Ask {
+    /// most an eighth of the burst or `least`, whichever is more. The renewal counts as sent
+    /// from here: what was spent before it is what it reports, in the same step, so that no
+    /// refund gives one of those tokens back.
+    fn ask(&self, table: &Table, h: &mut Held, limit: Limit, least: u64, now: u64) -> Ask {
         let time = table.config.time_ms();
         let keep = h.held;
         // A quarter of the lease's time at the rate since the last renewal, or twice what was
@@ -497,6 +523,8 @@ where
             .max(h.spent.saturating_mul(2))
             .clamp(least.max(1), most);
         let want = size.saturating_sub(keep).max(least);
+        h.spent = 0;
+        h.sent = now;
         Ask {
             holder: h.holder,
             ret: 0.0,
@@ -523,8 +551,10 @@ where
         now: u64,
     ) -> Result<bool, Failure> {
         // Under `OutagePolicy::Local`, what this process admitted locally during an outage is
-        // charged first: everything the bucket holds is taken, and counted spent.
+        // charged first: everything the bucket holds is taken, and counted spent. Not by a
+        // lease given back, whose record ends with it: the charge waits for the next lease.
         let charge = self.local_limit(limit).is_some()
+            && ask.keep + ask.want > 0.0
             && self
                 .touched
                 .lock()
@@ -533,11 +563,6 @@ where
         if charge {
             ask.want = f64::from(limit.burst());
             ask.least = 0.0;
-        }
-        {
-            let mut h = renewing.slot.lock();
-            h.spent = 0;
-            h.sent = now;
         }
         let answer = self
             .run_lease(
@@ -578,7 +603,18 @@ where
         // when it had ended), and added `granted`, which a charge counts spent.
         let lost = (ask.keep - renewal.kept) as u64;
         let granted = if charge { 0 } else { renewal.granted as u64 };
-        h.held = h.held.saturating_sub(lost) + granted;
+        let rest = h.held.saturating_sub(lost);
+        // Of what was spent since the call was sent, only what the record kept still counts
+        // there, and only that may be given back by a refund.
+        h.spent = h.spent.min((renewal.kept as u64).saturating_sub(rest));
+        h.held = rest + granted;
+        if charge && renewal.granted == 0.0 && renewal.remaining > 0 {
+            // Kept out by the most leases: charged by the next renewal instead.
+            self.touched
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(key.as_str().into());
+        }
         h.size = (renewal.kept + renewal.granted) as u64;
         if renewal.kept > 0.0 || renewal.granted > 0.0 {
             h.until = now + time - time / 4;
@@ -598,7 +634,7 @@ where
         } else {
             h.denied_until = 0;
         }
-        let alive = h.held == 0 || self.clock.now_ms() < h.until;
+        let alive = h.held == 0 || self.now_ms() < h.until;
         renewing.applied = true;
         drop(h);
         Ok(alive)
@@ -634,24 +670,29 @@ where
             Arc::clone(slot),
         );
         tokio::spawn(async move {
+            // A watch dropped with its runtime leaves the slot free to start another.
+            let mut watching = Watching {
+                slot: Arc::clone(&slot),
+                armed: true,
+            };
             let time = table.config.time_ms();
             loop {
                 tokio::time::sleep(Duration::from_millis(time / 2)).await;
                 let (renewing, ask, now, last) = {
                     let mut h = slot.lock();
-                    let now = store.clock.now_ms();
+                    let now = store.now_ms();
                     if h.renewing || now < h.sent + time / 2 {
                         continue;
                     }
                     h.expire(now);
                     h.renewing = true;
-                    let mut ask = store.ask(&table, &h, limit, 0, now);
                     // Idle since the last renewal, or nothing held: everything goes back, and
                     // the record with it, so that the bucket is plain again once no other
                     // process leases it. Taken from this process in the same step, so that no
                     // request spends a token given back. The next request starts a watch of
                     // its own.
                     let last = h.spent == 0 || h.held == 0;
+                    let mut ask = store.ask(&table, &mut h, limit, 0, now);
                     if last {
                         ask.ret = h.held as f64;
                         ask.keep = 0.0;
@@ -659,6 +700,7 @@ where
                         ask.least = 0.0;
                         h.held = 0;
                         h.watching = false;
+                        watching.armed = false;
                     }
                     let renewing = Renewing {
                         slot: Arc::clone(&slot),
@@ -684,7 +726,7 @@ where
             return;
         };
         let mut h = slot.lock();
-        let now = self.clock.now_ms();
+        let now = self.now_ms();
         h.give_back(u64::from(cost), now);
     }
 }
