@@ -12,6 +12,8 @@ pub(crate) use crate::error::{InvalidKey, InvalidName};
 
 use id::{Id, Text};
 
+use crate::store::sharding::key_hash;
+
 mod id;
 
 pub(crate) type HmacSha256 = Hmac<Sha256>;
@@ -155,6 +157,9 @@ impl fmt::Debug for BucketName {
 #[derive(Clone)]
 pub struct BucketKey {
     id: Id,
+    /// The id's hash (`sharding::key_hash`), made with the key: a store finds a bucket by it
+    /// on every decision, and a key built once is often decided on many times.
+    hash: u64,
 }
 
 impl BucketKey {
@@ -199,7 +204,7 @@ impl BucketKey {
         if let Hashing::None = hashing
             && let Some(id) = Id::unescaped(bucket, key)
         {
-            return Ok(Self { id });
+            return Ok(Self::of(id));
         }
         Ok(Self::written(bucket, key, hashing))
     }
@@ -218,9 +223,14 @@ impl BucketKey {
         if let Some(digest) = digest {
             id.set_digest(bucket.len(), &digest);
         }
-        Self {
-            id: id.finish(bucket.len()),
-        }
+        Self::of(id.finish(bucket.len()))
+    }
+
+    /// The key of `id`, with its hash.
+    #[inline]
+    fn of(id: Id) -> Self {
+        let hash = key_hash(id.as_bytes());
+        Self { id, hash }
     }
 
     /// The key whose [`as_str`](Self::as_str) is `id`, read back from its escaped or hashed
@@ -280,9 +290,7 @@ impl BucketKey {
             }
             ok
         };
-        canonical.then(|| Self {
-            id: Id::of(id, bucket.len()),
-        })
+        canonical.then(|| Self::of(Id::of(id, bucket.len())))
     }
 
     /// The bucket name.
@@ -306,6 +314,12 @@ impl BucketKey {
     #[inline]
     pub(crate) fn as_bytes(&self) -> &[u8] {
         self.id.as_bytes()
+    }
+
+    /// [`as_bytes`](Self::as_bytes)'s hash, `sharding::key_hash`, made when the key was.
+    #[inline]
+    pub(crate) fn id_hash(&self) -> u64 {
+        self.hash
     }
 
     /// A short hash of the identity (12 hex digits), to tell keys apart in logs without

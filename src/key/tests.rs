@@ -281,9 +281,32 @@ fn short_and_long_ids_read_compare_and_hash_as_their_text() {
     }
 }
 
-/// 45 inline bytes, the enum's tag and two lengths fill 48 bytes exactly: one byte more would
-/// make every key, and every copy of one, 56.
+/// 45 inline bytes, the enum's tag and two lengths fill 48 bytes exactly, and the hash 8 more:
+/// one inline byte more would make every key, and every copy of one, 64.
 #[test]
-fn a_key_is_48_bytes() {
-    assert_eq!(std::mem::size_of::<BucketKey>(), 48);
+fn a_key_is_56_bytes() {
+    assert_eq!(std::mem::size_of::<BucketKey>(), 56);
+}
+
+/// Equal keys carry equal hashes however they were made, since a store finds a bucket by the
+/// hash the key brings: the short path, the written one, and a key read back from its text.
+#[test]
+fn equal_keys_carry_equal_hashes() {
+    let short = BucketKey::new("api", "client-7").unwrap();
+    let read_back = BucketKey::from_escaped("api:client-7").unwrap();
+    assert_eq!(short, read_back);
+    assert_eq!(short.id_hash(), read_back.id_hash());
+    // Escaped: written on the stack, then inline.
+    let escaped = BucketKey::new("api", "a b").unwrap();
+    let escaped_back = BucketKey::from_escaped(escaped.as_str()).unwrap();
+    assert_eq!(escaped.id_hash(), escaped_back.id_hash());
+    // Hashed: on the heap.
+    let long = BucketKey::new("api", "x".repeat(200)).unwrap();
+    let long_back = BucketKey::from_escaped(long.as_str()).unwrap();
+    assert_eq!(long.id_hash(), long_back.id_hash());
+    assert_eq!(
+        long.id_hash(),
+        crate::store::sharding::key_hash(long.as_bytes())
+    );
+    assert_ne!(short.id_hash(), escaped.id_hash());
 }

@@ -50,7 +50,7 @@ mod decision;
 mod dyn_store;
 mod memory;
 mod outage;
-mod sharding;
+pub(crate) mod sharding;
 mod take;
 pub use audit::Audit;
 #[cfg(feature = "redis")]

@@ -2,6 +2,7 @@
 //! pick its shard, so that both spread keys the same, well-tested way.
 
 use std::hash::{BuildHasher, Hasher};
+use std::sync::OnceLock;
 
 use hashbrown::DefaultHashBuilder;
 
@@ -10,6 +11,16 @@ pub(crate) fn hash(hasher: &DefaultHashBuilder, key: &[u8]) -> u64 {
     let mut h = hasher.build_hasher();
     h.write(key);
     h.finish()
+}
+
+/// The hash of a bucket key's bytes, seeded at random once per process: what a `BucketKey`
+/// carries from the moment it is made (`BucketKey::id_hash`), so that a store deciding on a key
+/// made once hashes nothing, and what `MemoryStore` finds its buckets by. One seed for the
+/// process, not one per store, since the key does not know which store it will meet; it is as
+/// unknown to a caller choosing keys as a store's own.
+pub(crate) fn key_hash(key: &[u8]) -> u64 {
+    static HASHER: OnceLock<DefaultHashBuilder> = OnceLock::new();
+    hash(HASHER.get_or_init(DefaultHashBuilder::default), key)
 }
 
 /// The shard, of `count`, for a key's `hash`: the top bits of the hash times 2^64 / φ

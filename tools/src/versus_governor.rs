@@ -40,7 +40,6 @@ use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 
 type BoxError = Box<dyn std::error::Error>;
 
-const KEYS: usize = 10_000;
 const CHUNK: usize = 50_000;
 
 /// `n` decisions round robin over `keys` from `start`; a `MemoryStore` future is ready on its
@@ -151,6 +150,9 @@ struct Args {
     /// `perf stat` or callgrind, which count a whole process.
     #[arg(long, value_enum)]
     only: Option<Only>,
+    /// Keys in the many-keys cases (10,000 in the figures docs/PERFORMANCE.md quotes).
+    #[arg(long, default_value_t = 10_000, value_parser = at_least_one)]
+    keys: usize,
 }
 
 /// One side of one case.
@@ -179,7 +181,7 @@ fn main() -> Result<(), BoxError> {
     let rounds = args.rounds;
     let decisions = args.decisions.div_ceil(CHUNK) * CHUNK;
 
-    let names: Vec<String> = (0..KEYS).map(|i| format!("client-{i}")).collect();
+    let names: Vec<String> = (0..args.keys).map(|i| format!("client-{i}")).collect();
     let keys = names
         .iter()
         .map(|n| BucketKey::new("bench", n))
@@ -204,7 +206,7 @@ fn main() -> Result<(), BoxError> {
         // 10k keys built per call].
         let mut ns = [0.0; 8];
         for turn in 0..decisions / CHUNK {
-            let at = (round * decisions + turn * CHUNK) % KEYS;
+            let at = (round * decisions + turn * CHUNK) % args.keys;
             ns[0] += timed(|| burstgate(&store, &keys[..1], 0, CHUNK));
             ns[1] += timed(|| governor(&limiter, &names[..1], 0, CHUNK));
             ns[2] += timed(|| burstgate(&store, &keys, at, CHUNK));
@@ -216,9 +218,9 @@ fn main() -> Result<(), BoxError> {
         let turns = (decisions / CHUNK).div_ceil(4);
         let per_turn = decisions / turns;
         for turn in 0..turns {
-            let at = (round * decisions + turn * per_turn) % KEYS;
-            ns[4] += timed_on_two(|t| burstgate(&store, &keys, at + t * KEYS / 2, per_turn));
-            ns[5] += timed_on_two(|t| governor(&limiter, &names, at + t * KEYS / 2, per_turn));
+            let at = (round * decisions + turn * per_turn) % args.keys;
+            ns[4] += timed_on_two(|t| burstgate(&store, &keys, at + t * args.keys / 2, per_turn));
+            ns[5] += timed_on_two(|t| governor(&limiter, &names, at + t * args.keys / 2, per_turn));
         }
         let transfer = line_transfer_ns();
         let per = |total: f64, n: usize| total / n as f64;

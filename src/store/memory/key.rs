@@ -41,6 +41,50 @@ impl Key {
 
     #[inline]
     pub(super) fn is(&self, id: &[u8]) -> bool {
-        self.as_bytes() == id
+        same(self.as_bytes(), id)
+    }
+}
+
+/// `a == b`, without the call into the C library's `memcmp` that slice equality makes: a key
+/// is compared on every decision, and the usual one is 8 to 32 bytes, which two loads from each
+/// end cover (overlapping in the middle).
+#[inline]
+fn same(a: &[u8], b: &[u8]) -> bool {
+    fn ends<const N: usize>(a: &[u8], b: &[u8]) -> bool {
+        a.first_chunk::<N>() == b.first_chunk::<N>() && a.last_chunk::<N>() == b.last_chunk::<N>()
+    }
+    if a.len() != b.len() {
+        return false;
+    }
+    match a.len() {
+        16..=32 => ends::<16>(a, b),
+        8..16 => ends::<8>(a, b),
+        4..8 => ends::<4>(a, b),
+        _ => a == b,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every length the chunked comparison takes a path for, and a difference at every byte:
+    /// equal only when the bytes are.
+    #[test]
+    fn keys_are_the_same_only_when_every_byte_is() {
+        for len in 0..=40_usize {
+            let a: Vec<u8> = (0..len).map(|i| b'a' + (i % 26) as u8).collect();
+            let key = Key::new(&a);
+            assert!(key.is(&a), "{len} bytes");
+            for at in 0..len {
+                let mut b = a.clone();
+                b[at] ^= 1;
+                assert!(!key.is(&b), "{len} bytes, differing at {at}");
+            }
+            assert!(!key.is(&a[..len.saturating_sub(1)]) || len == 0);
+            let mut longer = a.clone();
+            longer.push(b'z');
+            assert!(!key.is(&longer), "{len} bytes and one more");
+        }
     }
 }

@@ -84,7 +84,7 @@ impl Layout {
 
 /// What a shard of several holds above its `share` of the bound: eight standard deviations of
 /// its count of keys when the store holds as many as its bound, `8 × ⌈√share⌉`. Keys spread over
-/// the shards as a binomial draw (the hasher is seeded at random per store), whose standard
+/// the shards as a binomial draw (the hasher is seeded at random per process), whose standard
 /// deviation is below `√share`.
 fn headroom(share: usize) -> usize {
     let root = share.isqrt();

@@ -24,12 +24,12 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
-use hashbrown::{DefaultHashBuilder, HashTable};
+use hashbrown::HashTable;
 use spinning_top::Spinlock;
 
 use crate::bucket::{self, Params, PerBucket, State, Write};
 use crate::clock::{Clock, SystemClock, deadline_ms, whole_ms};
-use crate::store::sharding::{self, hash};
+use crate::store::sharding::{self, key_hash};
 use crate::store::{
     BucketState, BucketStore, Claim, Decision, Reservation, StoreError, Take, check_cost,
     check_takes, check_tokens,
@@ -96,9 +96,9 @@ const DEFAULT_MAX_BUCKETS: usize = 1 << 20;
 /// is forgotten; for a second after that, new keys of that shard are refused without looking
 /// again. A flood of made-up keys (a
 /// header-keyed rule under attack) therefore costs a bounded amount of memory, and over-admits
-/// only the keys it pushes out, each by less than its burst. A bucket costs its 64-byte slot, a
-/// 4-byte index entry with room to spare, and, for a key longer than 30 bytes (a hashed key is
-/// the bucket name and 65 more), the key on the heap; `tools/src/memory_flood.rs` prints what a
+/// only the keys it pushes out, each by less than its burst. A bucket costs its 64-byte slot,
+/// 8 to 16 bytes of index (a 4-byte entry, the index at most three eighths full), and, for a
+/// key longer than 30 bytes (a hashed key is the bucket name and 65 more), the key on the heap; `tools/src/memory_flood.rs` prints what a
 /// flood costs. The bound counts the buckets of the current tables; a thread that decided on the
 /// store and then went idle keeps the tables it last saw (see below), so in the worst case,
 /// right after a flood, memory reaches the bound's worth once more for each such thread.
@@ -139,7 +139,6 @@ pub struct MemoryStore<C = SystemClock> {
 struct Inner {
     id: u64,
     shards: Box<[Padded]>,
-    hasher: DefaultHashBuilder,
     /// The most buckets each shard holds.
     shard_cap: usize,
     halts: halts::Halts,
@@ -180,7 +179,7 @@ impl MemoryStore<SystemClock> {
     ///   `share = ⌈max_buckets / shards⌉`, and a headroom of `8 × ⌈√share⌉` more: eight
     ///   standard deviations of the count of keys a shard receives when the store holds its
     ///   bound, since keys spread over the shards at random (the hasher is seeded at random per
-    ///   store). A new key finds its shard full below the bound with a chance below 10^-12;
+    ///   process). A new key finds its shard full below the bound with a chance below 10^-12;
     ///   only then is a bucket forgotten, or the key refused, early. The headroom is at most a
     ///   quarter of the bound (at a share of 1,024), an eighth at 4,096 and less above, and
     ///   [`max_buckets`](Self::max_buckets) says what it comes to.
@@ -235,7 +234,6 @@ impl<C: Clock> MemoryStore<C> {
             inner: Arc::new(Inner {
                 id: NEXT_STORE.fetch_add(1, Ordering::Relaxed),
                 shards,
-                hasher: DefaultHashBuilder::default(),
                 shard_cap: layout.shard_cap,
                 halts: halts::Halts::new(),
                 marks: marks::Marks::default(),
@@ -285,9 +283,8 @@ impl<C: Clock> MemoryStore<C> {
     /// (but for tables other threads still refer to; see [Memory](Self#memory)).
     pub fn sweep(&self) {
         let now = bucket::time(self.clock.now_ms());
-        let hasher = &self.inner.hasher;
         for shard in self.inner.shards.iter() {
-            lock(&shard.0).rebuild(now, now, hasher);
+            lock(&shard.0).rebuild(now, now);
         }
         // This thread's view moves to the new tables, so that it holds none of the old ones.
         let _ = VIEWS.try_with(|views| {
@@ -314,14 +311,11 @@ impl<C: Clock> MemoryStore<C> {
     ) -> Result<T, Full> {
         // Read before any lock, so that locks are held for the arithmetic alone. A caller that
         // read its time just before another's but locks after it finds a stored time ahead of its
-        // own, and, as for any clock behind the stored time, refills nothing for the gap. Read
-        // before the hash, too: a key built for this very request is still being stored when
-        // the hash reads it, and the clock's read overlaps that wait.
+        // own, and, as for any clock behind the stored time, refills nothing for the gap.
         let now_ms = self.clock.now_ms();
         let id = key.as_bytes();
-        let hasher = &self.inner.hasher;
-        // One hash serves both the shard and the lookups inside it.
-        let hash = hash(hasher, id);
+        // The key's own hash, made with it: one serves both the shard and the lookups inside it.
+        let hash = key.id_hash();
         let index = self.inner.shard_of(hash);
         // The hot path: an existing key, through this thread's view of its shard's table.
         let mut f = Some(f);

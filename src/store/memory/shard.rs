@@ -4,14 +4,14 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
-use hashbrown::{DefaultHashBuilder, HashTable};
+use hashbrown::HashTable;
 use spinning_top::Spinlock;
 use spinning_top::guard::SpinlockGuard;
 
 use super::key::Key;
 use super::table::{FREE, GONE, Held, MAX_TABLE_LEN, Slot, Table, Tried, tag_of, wait};
 use super::view::{VIEWS, refresh_view};
-use super::{MemoryStore, hash};
+use super::{MemoryStore, key_hash};
 use crate::bucket::{self, PerBucket, State, Write};
 use crate::clock::Clock;
 
@@ -89,12 +89,11 @@ impl<C: Clock> MemoryStore<C> {
         now_ms: u64,
         f: impl FnOnce(Option<State>, u64) -> (T, Option<Write>),
     ) -> Result<T, Full> {
-        let hasher = &self.inner.hasher;
         let now = bucket::time(now_ms);
         let mut shard = lock(&self.inner.shards[index].0);
         shard.locked_decisions += 1;
         if shard.wants_rebuild(now) {
-            shard.rebuild(now - GRACE_MS, now, hasher);
+            shard.rebuild(now - GRACE_MS, now);
         }
         // Bring this thread's view of the shard up to date, so that its next decision here takes
         // the lock-free path.
@@ -131,7 +130,7 @@ impl<C: Clock> MemoryStore<C> {
                     if now < shard.no_room_until {
                         return Err(Full);
                     }
-                    shard.rebuild_evicting(now, hasher, cap);
+                    shard.rebuild_evicting(now, cap);
                     self::refresh_view(&self.inner, index, &shard.table);
                     if shard.held() >= cap {
                         shard.no_room_until = now + SWEEP_EVERY_MS;
@@ -145,7 +144,7 @@ impl<C: Clock> MemoryStore<C> {
                 };
                 shard
                     .new
-                    .insert_unique(hash, entry, |e| self::hash(hasher, e.key.as_bytes()));
+                    .insert_unique(hash, entry, |e| key_hash(e.key.as_bytes()));
             }
             (_, _) => {}
         }
@@ -168,11 +167,10 @@ impl<C: Clock> MemoryStore<C> {
         ids: &[&[u8]],
         f: impl FnOnce(&[Option<State>], u64, &mut [Option<Write>]) -> T,
     ) -> Result<T, Full> {
-        let hasher = &self.inner.hasher;
         let keys: PerBucket<(u64, usize)> = ids
             .iter()
             .map(|id| {
-                let hash = hash(hasher, id);
+                let hash = key_hash(id);
                 (hash, self.inner.shard_of(hash))
             })
             .collect();
@@ -226,7 +224,6 @@ impl<C: Clock> MemoryStore<C> {
         now_ms: u64,
         f: impl FnOnce(&[Option<State>], u64, &mut [Option<Write>]) -> T,
     ) -> Result<T, Full> {
-        let hasher = &self.inner.hasher;
         let mut order: PerBucket<usize> = keys.iter().map(|&(_, shard)| shard).collect();
         order.sort_unstable();
         order.dedup();
@@ -240,7 +237,7 @@ impl<C: Clock> MemoryStore<C> {
         for (n, shard) in guards.iter_mut().enumerate() {
             shard.locked_decisions += 1;
             if shard.wants_rebuild(now) {
-                shard.rebuild(now - GRACE_MS, now, hasher);
+                shard.rebuild(now - GRACE_MS, now);
             }
             // Room for every key of the request is the usual case, and needs no look.
             if shard.held() + ids.len() <= cap {
@@ -263,7 +260,7 @@ impl<C: Clock> MemoryStore<C> {
                 }
                 // No view is refreshed here: making a thread's first view locks every shard,
                 // some of which this call holds. The thread's next decision refreshes it.
-                shard.rebuild_evicting(now, hasher, cap.saturating_sub(absent));
+                shard.rebuild_evicting(now, cap.saturating_sub(absent));
                 if shard.held() + absent > cap {
                     shard.no_room_until = now + SWEEP_EVERY_MS;
                     return Err(Full);
@@ -324,7 +321,7 @@ impl<C: Clock> MemoryStore<C> {
                     };
                     shard
                         .new
-                        .insert_unique(hash, entry, |e| self::hash(hasher, e.key.as_bytes()));
+                        .insert_unique(hash, entry, |e| key_hash(e.key.as_bytes()));
                 }
                 Err(_) => {}
             }
@@ -345,13 +342,13 @@ impl Shard {
     /// forgotten: its debt is the slots reservations hold, and forgetting it would give them out
     /// again.
     #[cold]
-    fn rebuild_evicting(&mut self, now: f64, hasher: &DefaultHashBuilder, cap: usize) {
+    fn rebuild_evicting(&mut self, now: f64, cap: usize) {
         let keep = if cap >= 8 {
             cap / 8 * EVICT_TO_EIGHTHS
         } else {
             cap.saturating_sub(1)
         };
-        self.rebuild_keeping(now, now, hasher, keep);
+        self.rebuild_keeping(now, now, keep);
     }
 
     /// Whether to rebuild the table before a decision under the lock: once its sweep is due
@@ -373,18 +370,12 @@ impl Shard {
     /// Replaces the table with one that holds its buckets still not full at `keep_after`, and the
     /// new keys; each bucket of the old table is marked gone once copied, under its lock, so no
     /// decision through the old table is lost.
-    pub(super) fn rebuild(&mut self, keep_after: f64, now: f64, hasher: &DefaultHashBuilder) {
-        self.rebuild_keeping(keep_after, now, hasher, usize::MAX);
+    pub(super) fn rebuild(&mut self, keep_after: f64, now: f64) {
+        self.rebuild_keeping(keep_after, now, usize::MAX);
     }
 
     /// [`rebuild`](Self::rebuild), keeping at most `most` buckets not in debt.
-    fn rebuild_keeping(
-        &mut self,
-        keep_after: f64,
-        now: f64,
-        hasher: &DefaultHashBuilder,
-        most: usize,
-    ) {
+    fn rebuild_keeping(&mut self, keep_after: f64, now: f64, most: usize) {
         let held = self.table.buckets.len() + self.new.len();
         self.rebuild_at = now + SWEEP_EVERY_MS.max(held as f64 * SWEEP_MS_PER_BUCKET);
         self.locked_decisions = 0;
@@ -402,24 +393,25 @@ impl Shard {
                     state: slot.state(),
                     full,
                 };
-                kept.push((hash(hasher, entry.key.as_bytes()), entry));
+                kept.push((key_hash(entry.key.as_bytes()), entry));
             }
         }
         kept.extend(
             new.into_iter()
                 .filter(|e| e.full > keep_after)
-                .map(|e| (hash(hasher, e.key.as_bytes()), e)),
+                .map(|e| (key_hash(e.key.as_bytes()), e)),
         );
         evict(&mut kept, most);
         let in_table = kept.len().min(MAX_TABLE_LEN);
-        let len = (in_table + in_table / 3 + 1).next_power_of_two();
+        // At most three eighths full (the table's docs say why).
+        let len = (2 * in_table + 2 * in_table / 3 + 1).next_power_of_two();
         let mut index = vec![0_u32; len];
         let mask = len - 1;
         let mut buckets = Vec::with_capacity(in_table);
         for (hash, entry) in kept {
             if buckets.len() >= MAX_TABLE_LEN {
                 self.new
-                    .insert_unique(hash, entry, |e| self::hash(hasher, e.key.as_bytes()));
+                    .insert_unique(hash, entry, |e| key_hash(e.key.as_bytes()));
                 continue;
             }
             // Below 2^24, as the check above keeps it.

@@ -27,7 +27,7 @@ fn a_flood_of_made_up_keys_grows_memory_without_bound() {
 /// Keys that land in the same shard as `of`, other than it.
 fn same_shard(store: &MemoryStore<ManualClock>, of: &BucketKey, n: usize) -> Vec<BucketKey> {
     let shard = |k: &BucketKey| {
-        let hash = hash(&store.inner.hasher, k.as_str().as_bytes());
+        let hash = key_hash(k.as_str().as_bytes());
         store.inner.shard_of(hash)
     };
     (0..)
@@ -115,9 +115,7 @@ fn a_shard_full_of_debt_refuses_a_new_key_and_forgets_nothing() {
     );
     // Refused again without rebuilding the shard for each new key: its table stays the one
     // the first refusal made.
-    let index = store
-        .inner
-        .shard_of(hash(&store.inner.hasher, first.as_str().as_bytes()));
+    let index = store.inner.shard_of(key_hash(first.as_str().as_bytes()));
     let table = |store: &MemoryStore<ManualClock>| {
         Arc::as_ptr(&lock(&store.inner.shards[index].0).table.buckets) as *const Slot
     };
