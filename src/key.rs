@@ -12,7 +12,7 @@ pub(crate) use crate::error::{InvalidKey, InvalidName};
 
 use id::{Id, Text};
 
-use crate::store::sharding::key_hash;
+use crate::store::sharding::{key_hash, key_hash_parts};
 
 mod id;
 
@@ -197,6 +197,7 @@ impl BucketKey {
     }
 
     /// The key of `bucket`, a checked name, for the caller `key`.
+    #[inline]
     fn build(bucket: &str, key: &[u8], hashing: Hashing<'_>) -> Result<Self, InvalidKey> {
         if key.is_empty() {
             return Err(InvalidKey::EmptyKey);
@@ -204,7 +205,9 @@ impl BucketKey {
         if let Hashing::None = hashing
             && let Some(id) = Id::unescaped(bucket, key)
         {
-            return Ok(Self::of(id));
+            // The id's key is `key` as it is: hashed from the caller's bytes, not the id's.
+            let hash = key_hash_parts(bucket.as_bytes(), key);
+            return Ok(Self { id, hash });
         }
         Ok(Self::written(bucket, key, hashing))
     }

@@ -13,14 +13,34 @@ pub(crate) fn hash(hasher: &DefaultHashBuilder, key: &[u8]) -> u64 {
     h.finish()
 }
 
-/// The hash of a bucket key's bytes, seeded at random once per process: what a `BucketKey`
-/// carries from the moment it is made (`BucketKey::id_hash`), so that a store deciding on a key
-/// made once hashes nothing, and what `MemoryStore` finds its buckets by. One seed for the
-/// process, not one per store, since the key does not know which store it will meet; it is as
-/// unknown to a caller choosing keys as a store's own.
-pub(crate) fn key_hash(key: &[u8]) -> u64 {
+/// The hash of a bucket key's id, `<bucket>:<key>`, seeded at random once per process: what a
+/// `BucketKey` carries from the moment it is made (`BucketKey::id_hash`), so that a store
+/// deciding on a key made once hashes nothing, and what `MemoryStore` finds its buckets by. One
+/// seed for the process, not one per store, since the key does not know which store it will
+/// meet; it is as unknown to a caller choosing keys as a store's own.
+///
+/// The name and the key are hashed as two parts ([`key_hash_parts`]), split at the id's first
+/// `:` (a bucket name holds none), so that a key can be hashed from the caller's own bytes while
+/// the id is still being written from them: read back from the id just written, the hash would
+/// wait for those writes to reach memory.
+pub(crate) fn key_hash(id: &[u8]) -> u64 {
+    match id.iter().position(|&b| b == b':') {
+        Some(colon) => key_hash_parts(&id[..colon], &id[colon + 1..]),
+        // Not an id a `BucketKey` holds; hashed all the same.
+        None => key_hash_parts(id, &[]),
+    }
+}
+
+/// [`key_hash`] of the id `<bucket>:<key>`.
+#[inline]
+pub(crate) fn key_hash_parts(bucket: &[u8], key: &[u8]) -> u64 {
     static HASHER: OnceLock<DefaultHashBuilder> = OnceLock::new();
-    hash(HASHER.get_or_init(DefaultHashBuilder::default), key)
+    let mut h = HASHER
+        .get_or_init(DefaultHashBuilder::default)
+        .build_hasher();
+    h.write(bucket);
+    h.write(key);
+    h.finish()
 }
 
 /// The shard, of `count`, for a key's `hash`: the top bits of the hash times 2^64 / φ
