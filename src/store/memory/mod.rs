@@ -227,6 +227,7 @@ impl<C: Clock> MemoryStore<C> {
                     locked_decisions: 0,
                     overflow: 0,
                     no_room_until: 0.0,
+                    arrivals: 0,
                 }))
             })
             .collect();

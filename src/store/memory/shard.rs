@@ -63,6 +63,9 @@ pub(super) struct Shard {
     /// Until when a new key finds no room without looking: the last eviction found every
     /// bucket in debt.
     pub(super) no_room_until: f64,
+    /// Keys the shard has taken in, counted so that a rebuild lays new keys out in the order
+    /// they came.
+    pub(super) arrivals: u64,
 }
 
 /// A key new to a shard found the shard at its bound, with every bucket in debt: none can be
@@ -75,6 +78,8 @@ pub(super) struct Entry {
     key: Key,
     state: State,
     full: f64,
+    /// The shard's count of arrivals when the key came.
+    arrived: u64,
 }
 
 impl<C: Clock> MemoryStore<C> {
@@ -137,10 +142,12 @@ impl<C: Clock> MemoryStore<C> {
                         return Err(Full);
                     }
                 }
+                shard.arrivals += 1;
                 let entry = Entry {
                     key: Key::new(id),
                     state: w.state,
                     full: w.full,
+                    arrived: shard.arrivals,
                 };
                 shard
                     .new
@@ -314,10 +321,12 @@ impl<C: Clock> MemoryStore<C> {
                     found.remove();
                 }
                 Err(_) if w.full > now => {
+                    shard.arrivals += 1;
                     let entry = Entry {
                         key: Key::new(id),
                         state: w.state,
                         full: w.full,
+                        arrived: shard.arrivals,
                     };
                     shard
                         .new
@@ -392,15 +401,16 @@ impl Shard {
                     key: slot.key.clone(),
                     state: slot.state(),
                     full,
+                    arrived: 0,
                 };
                 kept.push((key_hash(entry.key.as_bytes()), entry));
             }
         }
-        kept.extend(
-            new.into_iter()
-                .filter(|e| e.full > keep_after)
-                .map(|e| (key_hash(e.key.as_bytes()), e)),
-        );
+        // New keys after the table's own, in the order they came: keys that arrive together
+        // often come back together, and then find their buckets side by side.
+        let mut arrived: Vec<Entry> = new.into_iter().filter(|e| e.full > keep_after).collect();
+        arrived.sort_unstable_by_key(|e| e.arrived);
+        kept.extend(arrived.into_iter().map(|e| (key_hash(e.key.as_bytes()), e)));
         evict(&mut kept, most);
         let in_table = kept.len().min(MAX_TABLE_LEN);
         // At most three eighths full (the table's docs say why).
