@@ -310,25 +310,33 @@ impl<C: Clock> MemoryStore<C> {
         key: &BucketKey,
         f: impl FnOnce(Option<State>, u64) -> (T, Option<Write>),
     ) -> Result<T, Full> {
-        // Read before any lock, so that locks are held for the arithmetic alone. A caller that
-        // read its time just before another's but locks after it finds a stored time ahead of its
-        // own, and, as for any clock behind the stored time, refills nothing for the gap.
-        let now_ms = self.clock.now_ms();
         let id = key.as_bytes();
         // The key's own hash, made with it: one serves both the shard and the lookups inside it.
         let hash = key.id_hash();
         let index = self.inner.shard_of(hash);
+        // The time is read before any lock, so that locks are held for the arithmetic alone. A
+        // caller that read its time just before another's but locks after it finds a stored
+        // time ahead of its own, and, as for any clock behind the stored time, refills nothing
+        // for the gap.
+        let mut read_at = None;
         // The hot path: an existing key, through this thread's view of its shard's table.
         let mut f = Some(f);
         let fast = VIEWS.try_with(|views| {
             let mut views = views.try_borrow_mut().ok()?;
             let table = self.inner.view(&mut views).get(index)?;
+            // The index is read first, so that its wait for memory (among many keys, it is
+            // rarely in the nearest caches) overlaps the clock's read.
+            table.touch(hash);
+            let now_ms = *read_at.insert(self.clock.now_ms());
             let held = table.hold(hash, id)?;
             Some(held.decide(now_ms, f.take()?))
         });
         match (fast, f) {
             (Ok(Some(out)), _) => Ok(out),
-            (_, Some(f)) => self.with_bucket_locked(index, hash, id, now_ms, f),
+            (_, Some(f)) => {
+                let now_ms = read_at.unwrap_or_else(|| self.clock.now_ms());
+                self.with_bucket_locked(index, hash, id, now_ms, f)
+            }
             // `f` is only taken once the bucket is held, and then decides.
             (_, None) => unreachable!("a decision's function was used and its result lost"),
         }

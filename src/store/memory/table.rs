@@ -44,6 +44,16 @@ impl Table {
             .clone()
     }
 
+    /// Reads the first index entry a search for `hash` reads, and nothing else: a load started
+    /// early, whose wait overlaps whatever the caller does next. (Not the bucket: read before
+    /// its lock is taken, a bucket another thread wrote last would cross between the cores
+    /// twice, once to be read and once to be written.)
+    #[inline]
+    pub(super) fn touch(&self, hash: u64) {
+        let mask = self.index.len().wrapping_sub(1);
+        std::hint::black_box(self.index.get(hash as usize & mask).copied());
+    }
+
     /// The bucket of `id`, locked, if the table has it and it has not gone to a newer table.
     ///
     /// A bucket whose tag matches is locked before its key is read: its line then comes from
