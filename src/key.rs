@@ -3,6 +3,7 @@
 use std::fmt;
 use std::fmt::Write as _;
 use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 
 use hmac::{Hmac, Mac};
@@ -138,7 +139,9 @@ impl fmt::Debug for BucketName {
 ///
 /// [`as_str`](Self::as_str) and `Display` show only the escaped or hashed form. An `as_str` of up
 /// to 45 bytes is kept inside the `BucketKey`, so the usual key costs no allocation to build or
-/// to clone.
+/// to clone. A key is hashed once, when it is made, and remembers where a
+/// [`MemoryStore`](crate::MemoryStore) last found its bucket: a key kept and used again (one
+/// per account, say, or one for a whole API) spares the store both on each decision.
 ///
 /// ```
 /// use burstgate::{BucketKey, KeySecret};
@@ -154,12 +157,24 @@ impl fmt::Debug for BucketName {
 /// assert!(!token.as_str().contains("s3cr3t"));
 /// # Ok::<(), burstgate::InvalidKey>(())
 /// ```
-#[derive(Clone)]
 pub struct BucketKey {
     id: Id,
     /// The id's hash (`sharding::key_hash`), made with the key: a store finds a bucket by it
     /// on every decision, and a key built once is often decided on many times.
     hash: u64,
+    /// Where a `MemoryStore` last found this key's bucket, for a key kept and decided on again
+    /// (0 for nowhere yet): only a place to look first, which the store checks is the key's.
+    hint: AtomicU64,
+}
+
+impl Clone for BucketKey {
+    fn clone(&self) -> Self {
+        Self {
+            id: self.id.clone(),
+            hash: self.hash,
+            hint: AtomicU64::new(self.hint()),
+        }
+    }
 }
 
 impl BucketKey {
@@ -207,7 +222,11 @@ impl BucketKey {
         {
             // The id's key is `key` as it is: hashed from the caller's bytes, not the id's.
             let hash = key_hash_parts(bucket.as_bytes(), key);
-            return Ok(Self { id, hash });
+            return Ok(Self {
+                id,
+                hash,
+                hint: AtomicU64::new(0),
+            });
         }
         Ok(Self::written(bucket, key, hashing))
     }
@@ -233,7 +252,11 @@ impl BucketKey {
     #[inline]
     fn of(id: Id) -> Self {
         let hash = key_hash(id.as_bytes());
-        Self { id, hash }
+        Self {
+            id,
+            hash,
+            hint: AtomicU64::new(0),
+        }
     }
 
     /// The key whose [`as_str`](Self::as_str) is `id`, read back from its escaped or hashed
@@ -323,6 +346,21 @@ impl BucketKey {
     #[inline]
     pub(crate) fn id_hash(&self) -> u64 {
         self.hash
+    }
+
+    /// Where a `MemoryStore` last found this key's bucket (0 for nowhere yet).
+    #[inline]
+    pub(crate) fn hint(&self) -> u64 {
+        self.hint.load(Ordering::Relaxed)
+    }
+
+    /// Records where a `MemoryStore` found this key's bucket. Written only when it changes, so
+    /// that threads sharing one key (a global limit's) share its memory only to read it.
+    #[inline]
+    pub(crate) fn set_hint(&self, hint: u64) {
+        if self.hint() != hint {
+            self.hint.store(hint, Ordering::Relaxed);
+        }
     }
 
     /// A short hash of the identity (12 hex digits), to tell keys apart in logs without

@@ -3,7 +3,7 @@
 
 use super::{BYTES, MAX_BUCKET_LEN, MAX_ESCAPED_KEY_LEN, PLAIN, plain};
 
-/// Ids up to this many bytes live inside the `BucketKey` (56 bytes in all), so that a server
+/// Ids up to this many bytes live inside the `BucketKey` (64 bytes in all), so that a server
 /// that builds a key per request allocates nothing for it. That covers the usual forms: an
 /// account, an IPv4 address, a UUID under a short bucket name. A hashed key (the bucket name and
 /// 65 bytes more) and a long escaped one go to the heap.

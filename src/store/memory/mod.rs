@@ -324,11 +324,27 @@ impl<C: Clock> MemoryStore<C> {
         let fast = VIEWS.try_with(|views| {
             let mut views = views.try_borrow_mut().ok()?;
             let table = self.inner.view(&mut views).get(index)?;
-            // The index is read first, so that its wait for memory (among many keys, it is
-            // rarely in the nearest caches) overlaps the clock's read.
-            table.touch(hash);
+            // A key kept and decided on again says where this store last found its bucket,
+            // sparing the search. A hint from a table since rebuilt costs one look that finds
+            // another key's bucket, a gone one or none, and then the search; one from another
+            // store is not used.
+            let hint = key.hint();
+            let mine = self.inner.id << 32;
+            let hinted = (hint >> 32 == mine >> 32).then_some((hint & 0xFFFF_FFFF) as usize);
+            if hinted.is_none() {
+                // The index is read first, so that its wait for memory (among many keys, it
+                // is rarely in the nearest caches) overlaps the clock's read.
+                table.touch(hash);
+            }
             let now_ms = *read_at.insert(self.clock.now_ms());
-            let held = table.hold(hash, id)?;
+            let held = match hinted.and_then(|at| table.hold_at(at, id)) {
+                Some(held) => held,
+                None => {
+                    let held = table.hold(hash, id)?;
+                    key.set_hint(mine | table.position_of(&held) as u64);
+                    held
+                }
+            };
             Some(held.decide(now_ms, f.take()?))
         });
         match (fast, f) {

@@ -54,6 +54,29 @@ impl Table {
         std::hint::black_box(self.index.get(hash as usize & mask).copied());
     }
 
+    /// The bucket at `position` (from [`position_of`](Self::position_of)), locked, if it is
+    /// `id`'s and has not gone to a newer table: for a key that remembers where its bucket was.
+    /// A table holds at most one bucket per key, so a bucket found here is the one a search
+    /// would find.
+    #[inline]
+    pub(super) fn hold_at(&self, position: usize, id: &[u8]) -> Option<Held<'_>> {
+        let slot = self.buckets.get(position)?;
+        match slot.lock(HELD) {
+            true if slot.key.is(id) => Some(Held(slot)),
+            true => {
+                slot.unlock();
+                None
+            }
+            false => None,
+        }
+    }
+
+    /// Where in this table `held` is, for [`hold_at`](Self::hold_at).
+    #[inline]
+    pub(super) fn position_of(&self, held: &Held<'_>) -> usize {
+        (std::ptr::from_ref(held.0).addr() - self.buckets.as_ptr().addr()) / size_of::<Slot>()
+    }
+
     /// The bucket of `id`, locked, if the table has it and it has not gone to a newer table.
     ///
     /// A bucket whose tag matches is locked before its key is read: its line then comes from

@@ -393,3 +393,51 @@ fn keys_differing_in_one_byte_are_told_apart_at_every_length() {
         }
     }
 }
+
+/// A kept key remembers where its bucket was found, and a hint that is wrong changes no
+/// decision: one from another store (the same key objects on two stores, in turns), one from a
+/// table since rebuilt (a sweep between rounds), and one planted to point at another key's
+/// bucket or past the table's end. Each store admits each key exactly its burst. One shard
+/// per store, so that the planted positions are other keys' buckets.
+#[test]
+fn a_key_s_hint_from_elsewhere_changes_no_decision() {
+    let clock = ManualClock::new(START);
+    let one_shard = NonZeroUsize::new(1_000).expect("not zero");
+    let a = MemoryStore::bounded(one_shard).with_clock(clock.clone());
+    let b = MemoryStore::bounded(one_shard).with_clock(clock.clone());
+    let limit = Limit::per_minute(1)
+        .and_then(|l| l.with_burst(3))
+        .expect("a valid limit");
+    // Fewer than a table holds in unit tests, so that every key reaches the table.
+    let keys: Vec<BucketKey> = (0..30)
+        .map(|i| BucketKey::new("h", format!("k{i}")).expect("a valid key"))
+        .collect();
+    let mut admitted = [vec![0_u32; keys.len()], vec![0_u32; keys.len()]];
+    for round in 0..5_u64 {
+        for (i, key) in keys.iter().enumerate() {
+            match (round, i % 3) {
+                // Another key's bucket in store a's table, or no bucket at all.
+                (2, 0 | 1) => key.set_hint((a.inner.id << 32) | ((i as u64 * 7 + 1) % 30)),
+                (2, _) => key.set_hint((a.inner.id << 32) | 0xFFFF_FFFF),
+                _ => {}
+            }
+            for (n, store) in [&a, &b].into_iter().enumerate() {
+                let d =
+                    now_or_never(store.acquire(key, limit, 1, Duration::ZERO)).expect("a decision");
+                admitted[n][i] += u32::from(d.is_admitted());
+            }
+        }
+        if round == 1 {
+            // Store b decided last, so every key, all in b's table by now, names b.
+            assert!(
+                keys.iter()
+                    .all(|k| k.hint() >> 32 == b.inner.id & 0xFFFF_FFFF),
+                "a key kept no hint"
+            );
+        }
+        // New tables, and every kept key's hint now names a table since replaced.
+        a.sweep();
+        b.sweep();
+    }
+    assert_eq!(admitted, [vec![3; keys.len()], vec![3; keys.len()]]);
+}
