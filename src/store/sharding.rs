@@ -4,43 +4,69 @@
 use std::hash::{BuildHasher, Hasher};
 use std::sync::OnceLock;
 
-use hashbrown::DefaultHashBuilder;
+use foldhash::SharedSeed;
+use foldhash::fast::SeedableRandomState;
 
-/// The hash of a key, which picks its shard ([`index`]) and its slots in the shard's table.
-pub(crate) fn hash(hasher: &DefaultHashBuilder, key: &[u8]) -> u64 {
-    let mut h = hasher.build_hasher();
-    h.write(key);
-    h.finish()
-}
-
-/// The hash of a bucket key's id, `<bucket>:<key>`, seeded at random once per process: what a
+/// The hash of a bucket key's id, `<bucket>:<key>`, with the process's hasher: what a
 /// `BucketKey` carries from the moment it is made (`BucketKey::id_hash`), so that a store
-/// deciding on a key made once hashes nothing, and what `MemoryStore` finds its buckets by. One
-/// seed for the process, not one per store, since the key does not know which store it will
-/// meet; it is as unknown to a caller choosing keys as a store's own.
+/// deciding on a key made once hashes nothing, and what `MemoryStore` and the deny cache find
+/// their entries by. One hasher for the process, not one per store, since the key does not know
+/// which store it will meet; its seeds come from the operating system's random source
+/// ([`process_hasher`]).
 ///
 /// The name and the key are hashed as two parts ([`key_hash_parts`]), split at the id's first
 /// `:` (a bucket name holds none), so that a key can be hashed from the caller's own bytes while
 /// the id is still being written from them: read back from the id just written, the hash would
 /// wait for those writes to reach memory.
 pub(crate) fn key_hash(id: &[u8]) -> u64 {
-    match id.iter().position(|&b| b == b':') {
-        Some(colon) => key_hash_parts(&id[..colon], &id[colon + 1..]),
-        // Not an id a `BucketKey` holds; hashed all the same.
-        None => key_hash_parts(id, &[]),
-    }
+    hash_with(process_hasher(), id)
 }
 
 /// [`key_hash`] of the id `<bucket>:<key>`.
 #[inline]
 pub(crate) fn key_hash_parts(bucket: &[u8], key: &[u8]) -> u64 {
-    static HASHER: OnceLock<DefaultHashBuilder> = OnceLock::new();
-    let mut h = HASHER
-        .get_or_init(DefaultHashBuilder::default)
-        .build_hasher();
+    parts_with(process_hasher(), bucket, key)
+}
+
+/// foldhash, seeded once per process from the operating system's random source (both of its
+/// seeds: foldhash's own default draws its shared seed from addresses alone when built without
+/// its `std` feature, as here), so that a caller choosing keys cannot know which collide.
+fn process_hasher() -> &'static SeedableRandomState {
+    static HASHER: OnceLock<SeedableRandomState> = OnceLock::new();
+    static SHARED: OnceLock<SharedSeed> = OnceLock::new();
+    HASHER.get_or_init(|| {
+        let [a, b, c, d, e, f, g, h, i, j, k, l, m, n, o, p, ..] = crate::key::random_bytes();
+        let shared = SHARED
+            .get_or_init(|| SharedSeed::from_u64(u64::from_le_bytes([a, b, c, d, e, f, g, h])));
+        SeedableRandomState::with_seed(u64::from_le_bytes([i, j, k, l, m, n, o, p]), shared)
+    })
+}
+
+/// [`key_hash`] with `hasher`.
+fn hash_with(hasher: &SeedableRandomState, id: &[u8]) -> u64 {
+    match id.iter().position(|&b| b == b':') {
+        Some(colon) => parts_with(hasher, &id[..colon], &id[colon + 1..]),
+        // Not an id a `BucketKey` holds; hashed all the same.
+        None => parts_with(hasher, id, &[]),
+    }
+}
+
+/// [`key_hash_parts`] with `hasher`.
+#[inline]
+fn parts_with(hasher: &SeedableRandomState, bucket: &[u8], key: &[u8]) -> u64 {
+    let mut h = hasher.build_hasher();
     h.write(bucket);
     h.write(key);
     h.finish()
+}
+
+/// [`key_hash`] with a hasher of the given seeds, for tests that try the hash's spread over many
+/// seeds.
+#[cfg(test)]
+pub(crate) fn key_hash_seeded(per_hasher: u64, shared: u64) -> impl Fn(&[u8]) -> u64 {
+    let shared: &'static SharedSeed = Box::leak(Box::new(SharedSeed::from_u64(shared)));
+    let hasher = SeedableRandomState::with_seed(per_hasher, shared);
+    move |id| hash_with(&hasher, id)
 }
 
 /// The shard, of `count`, for a key's `hash`: the top bits of the hash times 2^64 / φ
@@ -66,13 +92,12 @@ mod tests {
     /// within a few percent of the mean over every shard count the stores use.
     #[test]
     fn sequential_keys_spread_evenly() {
-        let hasher = DefaultHashBuilder::default();
         for count in [2, 16, 256, 4096] {
             let mut per_shard = vec![0u32; count];
             let keys = count * 200;
             for i in 0..keys {
                 let key = format!("client-{i}");
-                per_shard[index(hash(&hasher, key.as_bytes()), count)] += 1;
+                per_shard[index(key_hash(key.as_bytes()), count)] += 1;
             }
             let (min, max) = (
                 per_shard.iter().copied().min().unwrap_or(0),

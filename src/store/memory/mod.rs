@@ -97,7 +97,8 @@ const DEFAULT_MAX_BUCKETS: usize = 1 << 20;
 /// again. A flood of made-up keys (a
 /// header-keyed rule under attack) therefore costs a bounded amount of memory, and over-admits
 /// only the keys it pushes out, each by less than its burst. A bucket costs its 64-byte slot,
-/// 8 to 16 bytes of index (a 4-byte entry, the index at most three eighths full), and, for a
+/// about 11 to 21 bytes of index (a 4-byte entry, the index between three sixteenths and three
+/// eighths full), and, for a
 /// key longer than 30 bytes (a hashed key is the bucket name and 65 more), the key on the heap; `tools/src/memory_flood.rs` prints what a
 /// flood costs. The bound counts the buckets of the current tables; a thread that decided on the
 /// store and then went idle keeps the tables it last saw (see below), so in the worst case,

@@ -7,7 +7,7 @@
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use hashbrown::{DefaultHashBuilder, HashTable};
+use hashbrown::HashTable;
 
 use crate::bucket::{self, Params, Part, PerBucket, State, Verdict};
 use crate::store::{Take, sharding};
@@ -101,19 +101,17 @@ pub(super) enum CheckAll {
 
 pub(super) struct DenyCache {
     shards: Box<[Mutex<HashTable<Entry>>]>,
-    hasher: DefaultHashBuilder,
 }
 
 impl DenyCache {
     pub(super) fn new() -> Self {
         Self {
             shards: (0..SHARDS).map(|_| Mutex::new(HashTable::new())).collect(),
-            hasher: DefaultHashBuilder::default(),
         }
     }
 
     fn shard(&self, key: &str) -> (u64, MutexGuard<'_, HashTable<Entry>>) {
-        let hash = sharding::hash(&self.hasher, key.as_bytes());
+        let hash = sharding::key_hash(key.as_bytes());
         let shard = self.shards[sharding::index(hash, SHARDS)]
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
@@ -183,7 +181,7 @@ impl DenyCache {
         let hashes: PerBucket<(u64, usize)> = takes
             .iter()
             .map(|t| {
-                let hash = sharding::hash(&self.hasher, t.key().as_str().as_bytes());
+                let hash = t.key().id_hash();
                 (hash, sharding::index(hash, SHARDS))
             })
             .collect();
@@ -290,9 +288,7 @@ impl DenyCache {
             limit,
             state,
         };
-        shard.insert_unique(hash, entry, |e| {
-            sharding::hash(&self.hasher, e.key.as_bytes())
-        });
+        shard.insert_unique(hash, entry, |e| sharding::key_hash(e.key.as_bytes()));
     }
 
     /// Drops what is known of a bucket, after this process changed it other than by spending.
