@@ -110,8 +110,9 @@ impl DenyCache {
         }
     }
 
-    fn shard(&self, key: &str) -> (u64, MutexGuard<'_, HashTable<Entry>>) {
-        let hash = sharding::key_hash(key.as_bytes());
+    /// `key`'s shard, locked, and the key's hash, which `key` carries.
+    fn shard(&self, key: &BucketKey) -> (u64, MutexGuard<'_, HashTable<Entry>>) {
+        let hash = key.id_hash();
         let shard = self.shards[sharding::index(hash, SHARDS)]
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
@@ -137,7 +138,7 @@ impl DenyCache {
         max_wait: u64,
     ) -> Check {
         let id = key.as_str();
-        let (hash, mut shard) = self.shard(id);
+        let (hash, mut shard) = self.shard(key);
         let Ok(mut found) = shard.find_entry(hash, |e| &*e.key == id) else {
             return Check::Pass(None);
         };
@@ -257,7 +258,7 @@ impl DenyCache {
     /// Replaces the state of an entry, if there is one, with what Redis stored.
     pub(super) fn refresh(&self, key: &BucketKey, state: State) {
         let id = key.as_str();
-        let (hash, mut shard) = self.shard(id);
+        let (hash, mut shard) = self.shard(key);
         if let Some(entry) = shard.find_mut(hash, |e| &*e.key == id) {
             entry.state = Some(state);
         }
@@ -266,7 +267,7 @@ impl DenyCache {
     /// Keeps the state Redis showed with a denial (`None`: the key held nothing).
     pub(super) fn remember(&self, key: &BucketKey, limit: Limit, state: Option<State>, now: u64) {
         let id = key.as_str();
-        let (hash, mut shard) = self.shard(id);
+        let (hash, mut shard) = self.shard(key);
         if let Some(entry) = shard.find_mut(hash, |e| &*e.key == id) {
             entry.limit = limit;
             entry.state = state;
@@ -294,7 +295,7 @@ impl DenyCache {
     /// Drops what is known of a bucket, after this process changed it other than by spending.
     pub(super) fn forget(&self, key: &BucketKey) {
         let id = key.as_str();
-        let (hash, mut shard) = self.shard(id);
+        let (hash, mut shard) = self.shard(key);
         if let Ok(found) = shard.find_entry(hash, |e| &*e.key == id) {
             found.remove();
         }
@@ -506,7 +507,7 @@ mod tests {
             // The entries followed the reference through every admission.
             for (key, l, state) in [(&own, one, states[0]), (&global, wide, states[1])] {
                 let id = key.as_str();
-                let (hash, shard) = cache.shard(id);
+                let (hash, shard) = cache.shard(key);
                 let entry = shard.find(hash, |e| &*e.key == id).expect("an entry");
                 assert_eq!((entry.limit, entry.state), (l, state));
             }

@@ -8,11 +8,11 @@ use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 
 use super::RedisStore;
 use super::wire::{
-    Args, Each, LeaseArgs, LeaseOp, RedisKey, Reply, book, claim, command, command_all, delete,
+    Args, Each, LeaseArgs, RedisKey, Reply, book, claim, command, command_all, delete,
     lease_command, pack_all, parse_all, parse_lease_peek, parse_renewal, parse_reply,
 };
 use crate::bucket::Verdict;
-use crate::bucket::lease::{Ask, Renewal};
+use crate::bucket::lease::Renewal;
 use crate::clock::Clock;
 use crate::store::{BackendError, Claim, StoreError, Take};
 use crate::{BucketKey, Limit};
@@ -126,18 +126,7 @@ where
         now: u64,
         limit: Limit,
     ) -> Result<(Verdict, u64), Failure> {
-        let args = LeaseArgs {
-            op: LeaseOp::Peek,
-            limit,
-            ask: Ask {
-                holder: 0.0,
-                ret: 0.0,
-                keep: 0.0,
-                want: 0.0,
-                least: 0.0,
-                time: 0.0,
-            },
-        };
+        let args = LeaseArgs::peek(limit);
         let value = self.send(key, Call::Lease { now, args: &args }).await?;
         parse_lease_peek(&value).map_err(Failure::Fatal)
     }

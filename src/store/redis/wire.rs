@@ -210,6 +210,24 @@ pub(super) struct LeaseArgs {
     pub(super) ask: Ask,
 }
 
+impl LeaseArgs {
+    /// A peek at a leased bucket under `limit`: no holder, nothing asked.
+    pub(super) fn peek(limit: Limit) -> Self {
+        Self {
+            op: LeaseOp::Peek,
+            limit,
+            ask: Ask {
+                holder: 0.0,
+                ret: 0.0,
+                keep: 0.0,
+                want: 0.0,
+                least: 0.0,
+                time: 0.0,
+            },
+        }
+    }
+}
+
 /// The lease script's operations, by the first number packed into `ARGV[1]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum LeaseOp {

@@ -147,18 +147,7 @@ async fn peek_step(
 ) -> Result<(), String> {
     let p = Params::of(&limit);
     let (expected, out) = lease::peek(&p, model.state, &model.leases, now);
-    let args = LeaseArgs {
-        op: LeaseOp::Peek,
-        limit,
-        ask: Ask {
-            holder: 0.0,
-            ret: 0.0,
-            keep: 0.0,
-            want: 0.0,
-            least: 0.0,
-            time: 0.0,
-        },
-    };
+    let args = LeaseArgs::peek(limit);
     let mut pipe = redis::pipe();
     pipe.atomic()
         .cmd("GET")
