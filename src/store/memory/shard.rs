@@ -142,16 +142,7 @@ impl<C: Clock> MemoryStore<C> {
                         return Err(Full);
                     }
                 }
-                shard.arrivals += 1;
-                let entry = Entry {
-                    key: Key::new(id),
-                    state: w.state,
-                    full: w.full,
-                    arrived: shard.arrivals,
-                };
-                shard
-                    .new
-                    .insert_unique(hash, entry, |e| key_hash(e.key.as_bytes()));
+                shard.take_in(hash, id, &w);
             }
             (_, _) => {}
         }
@@ -321,16 +312,7 @@ impl<C: Clock> MemoryStore<C> {
                     found.remove();
                 }
                 Err(_) if w.full > now => {
-                    shard.arrivals += 1;
-                    let entry = Entry {
-                        key: Key::new(id),
-                        state: w.state,
-                        full: w.full,
-                        arrived: shard.arrivals,
-                    };
-                    shard
-                        .new
-                        .insert_unique(hash, entry, |e| key_hash(e.key.as_bytes()));
+                    shard.take_in(hash, id, &w);
                 }
                 Err(_) => {}
             }
@@ -343,6 +325,20 @@ impl Shard {
     /// The buckets the shard holds, in its table and among its new keys.
     fn held(&self) -> usize {
         self.table.buckets.len() + self.new.len()
+    }
+
+    /// Takes in the key `id`, new to the shard, with the bucket `w` wrote, among the new keys
+    /// (the caller has made room for it).
+    fn take_in(&mut self, hash: u64, id: &[u8], w: &Write) {
+        self.arrivals += 1;
+        let entry = Entry {
+            key: Key::new(id),
+            state: w.state,
+            full: w.full,
+            arrived: self.arrivals,
+        };
+        self.new
+            .insert_unique(hash, entry, |e| key_hash(e.key.as_bytes()));
     }
 
     /// Makes room under the bound `cap`: a rebuild that drops every full bucket and, if the
