@@ -10,11 +10,12 @@
 //! `max_wait`), so there is always a reservation queued and the bucket is never idle.
 //!
 //! Time is scaled: one minute of the real API is 500 ms here, so "1 per minute, burst 10" becomes
-//! "1 per 500 ms, burst 10", and the run takes 12 s. The client spends the same limits with a
-//! margin of 10 ms per token ([`Group::margin`]): the mock's buckets, like the real API's,
-//! start at the first request they *receive* and give no tolerance, so a client at exactly the
-//! published rate is now and then a millisecond early and earns a real 429. At this scale the
-//! margin costs 2% of the budget; against the real "1 per minute", 0.017%. It prints a per-second timeline and ends
+//! "1 per 500 ms, burst 10", and the run takes 12 s. The client spends the same limits under the
+//! routes' default margin ([`Route::new`](burstgate::middleware::Route::new)): the mock's
+//! buckets, like the real API's, start at the first request they *receive* and give no
+//! tolerance, so a client at exactly the published rate is now and then early and earns a real
+//! 429. At this scale the margin is 10 ms a token, 2% of the budget; against the real "1 per
+//! minute", 600 ms, 1%. It prints a per-second timeline and ends
 //! with one line, `requests: N, upstream 429: M, budget used: P%`, where the budget used is the
 //! requests the mock admitted over the most it could have admitted: for each account and endpoint,
 //! `burst + rate × elapsed`, from that bucket's first request to the end of the run.
@@ -64,9 +65,6 @@ const WORKERS_PER_BUCKET: usize = 2;
 
 /// Pages each worker has to fetch: far more than the budget allows in the run.
 const PAGES: u32 = 1_000;
-
-/// How much longer than the API's each token period is on the client's side.
-const MARGIN: Duration = Duration::from_millis(10);
 
 /// The token type the routes are named after.
 const TOKEN_TYPE: &str = "personal";
@@ -141,20 +139,14 @@ async fn run<St: BucketStore + Clone>(
         "Time is scaled: 1 minute of the real API is {:?} here ({SCALE}x faster).",
         Duration::from_secs(60) / SCALE
     );
-    let client_groups = groups
-        .iter()
-        .map(|g| g.clone().margin(MARGIN))
-        .collect::<Result<Vec<Group>, _>>()?;
-    println!(
-        "Limits per account: the mock's (the API's, scaled), and the client's with a margin of"
-    );
-    println!("{MARGIN:?} per token:");
-    for (g, c) in groups.iter().zip(&client_groups) {
+    println!("Limits per account: the mock's (the API's, scaled), and the client's bucket, under");
+    println!("the default margin:");
+    for g in &groups {
         println!(
             "  {:<18} {:<22} client: {}",
             g.name(),
             g.template().limit().to_string(),
-            c.template().limit()
+            g.template().bucket_limit()
         );
     }
     println!(
@@ -174,7 +166,7 @@ async fn run<St: BucketStore + Clone>(
     }
     println!();
 
-    let routes = seller::routes(TOKEN_TYPE, &client_groups)?;
+    let routes = seller::routes(TOKEN_TYPE, &groups)?;
     let start = Instant::now();
     let deadline = start + RUN;
     let timeline = Arc::new(Timeline::new(start));

@@ -189,12 +189,12 @@ impl Limit {
     ///
     /// For a client spending an API's published limit: the API's own bucket starts counting
     /// at the first request it *receives* and gives no tolerance, so a client at exactly the
-    /// published rate is now and then a millisecond early (the first request took longer to
-    /// arrive than the later ones, a timer fired late and the next one on time) and earns a
-    /// real 429. A margin of a few milliseconds per token absorbs that jitter, at a cost of
-    /// `per_token` over the token period of the budget: against "1 per minute", 10 ms is
-    /// 0.017%. A margin of zero is the limit itself. A middleware `Route` runs its limit under
-    /// a default margin, which its own `margin` replaces.
+    /// published rate is now and then early (the first request, on a new connection, took
+    /// longer to arrive than the later ones; a timer fired late and the next one on time) and
+    /// earns a real 429. A margin per token absorbs that, at a cost of `per_token` over the
+    /// token period of the budget: against "1 per minute", 10 ms is 0.017%. A margin of zero is
+    /// the limit itself. A middleware `Route` runs its limit under a default margin (1% of the
+    /// token period, at least 10 ms, at most a tenth of it), which its own `margin` replaces.
     ///
     /// ```
     /// use std::time::Duration;

@@ -68,16 +68,13 @@ pub struct Route {
 }
 
 /// `limit` with the default margin per token ([`Route::margin`] says why): 1% of the token
-/// period, at least 1 ms, at most 10 ms, at most a tenth of the period; the interval it adds is
-/// rounded up to whole milliseconds, as a limit counts them.
+/// period, at least 10 ms, at most a tenth of the period; the interval it adds is rounded up to
+/// whole milliseconds, as a limit counts them.
 fn with_default_margin(limit: Limit) -> Limit {
-    const FLOOR_US: u128 = 1_000;
-    const CEILING_US: u128 = 10_000;
+    const FLOOR_US: u128 = 10_000;
     let tokens = u128::from(limit.tokens());
     let period_us = limit.interval().as_micros() / tokens;
-    let per_token_us = (period_us / 100)
-        .clamp(FLOOR_US, CEILING_US)
-        .min(period_us / 10);
+    let per_token_us = (period_us / 100).max(FLOOR_US).min(period_us / 10);
     let extra_ms = (per_token_us * tokens).div_ceil(1_000);
     let lengthened = u64::try_from(extra_ms)
         .ok()
@@ -88,9 +85,9 @@ fn with_default_margin(limit: Limit) -> Limit {
         })
         .and_then(|interval| Limit::new(limit.tokens(), interval).ok())
         .and_then(|l| l.with_burst(limit.burst()).ok());
-    // Only a limit whose refill already nears the longest span a limit holds (2^42 ms, about
-    // 139 years) has no room for the margin; at such lengths a margin of milliseconds means
-    // nothing, and the limit runs as given.
+    // Only a limit whose refill is within 1% of the longest span a limit holds (2^42 ms, about
+    // 139 years) has no room for the margin; at such lengths no request's trip can be early,
+    // and the limit runs as given.
     lengthened.unwrap_or(limit)
 }
 
@@ -102,11 +99,11 @@ impl Route {
     /// The bucket runs a little under `limit`'s rate, so that a client given the published
     /// limit and nothing else earns no 429 from an upstream that gives no tolerance: every
     /// token's period is lengthened by the default margin, 1% of the token period, at least
-    /// 1 ms and at most 10 ms, and never more than a tenth of the period (see
-    /// [`margin`](Self::margin) for why, and for another margin or none). "1 per second" runs
-    /// at one per 1.01 s, "5 per second" at one per 202 ms, "1 per minute" at one per 60.01 s;
-    /// the burst is the limit's. [`limit`](Self::limit) is `limit` as given, and
-    /// [`bucket_limit`](Self::bucket_limit) what the bucket runs at.
+    /// 10 ms, and never more than a tenth of the period (see [`margin`](Self::margin) for why,
+    /// and for another margin or none). "1 per second" runs at one per 1.01 s, "5 per second"
+    /// at one per 210 ms, "1 per minute" at one per 60.6 s; the burst is the limit's.
+    /// [`limit`](Self::limit) is `limit` as given, and [`bucket_limit`](Self::bucket_limit)
+    /// what the bucket runs at.
     pub fn new(bucket: &str, limit: Limit, path: &str) -> Result<Self, InvalidRoute> {
         let bucket = BucketName::checked(bucket).map_err(InvalidRoute::BucketName)?;
         let pattern = Pattern::path(path).ok_or(InvalidRoute::Path)?;
@@ -126,16 +123,17 @@ impl Route {
     ///
     /// Why a margin at all: an API's own bucket usually starts at the first request it
     /// *receives* and gives no tolerance, while the client's bucket starts when its first
-    /// request is taken. A request that takes longer to arrive than the first one did, a timer
-    /// that fires a millisecond late and the next one on time, the store's whole milliseconds,
-    /// and hosts that count the shared time a little apart all make a client at exactly the
-    /// published rate now and then early, and each early request is a real 429. Those errors
-    /// are milliseconds whatever the rate, so the default margin is a fraction of the token
-    /// period (1%, which costs 1% of the budget) bounded by milliseconds: at least 1 ms (the
-    /// store's resolution), at most 10 ms (a few times the jitter of a local network and its
-    /// timers, which a slow limit need not pay more for), and never more than a tenth of the
-    /// period, so that a limit faster than 100 a second keeps 90% of its rate. An upstream
-    /// farther away, or one whose first request costs a handshake the later ones do not, may
+    /// request is taken. The first requests of a burst open new connections; a token period
+    /// later the next one goes on a warm connection and arrives sooner after it is taken, and
+    /// only the margin of that one token stands between it and a 429. A timer that fires late
+    /// for one request and on time for the next, the store's whole milliseconds, and hosts that
+    /// count the shared time a little apart add to it. So the margin of a single token must
+    /// cover the whole difference: at least 10 ms (what a connection's first request can take
+    /// beyond a warm one's on loopback on a loaded host, with room), 1% of the period where
+    /// that is more (a slow limit, such as "1 per minute", then covers a handshake across a
+    /// network at 1% of its budget), and never more than a tenth of the period, so that a
+    /// limit faster than 10 a second keeps 90% of its rate. An upstream whose first request
+    /// costs more than that (a TLS handshake far away, against a limit of a few a second) may
     /// want a larger margin; one that tolerates early requests, none.
     ///
     /// Called more than once, the last margin applies; it always applies to the published
@@ -295,8 +293,8 @@ mod tests {
         }
     }
 
-    /// The default margin: 1% of the token period, between 1 ms and 10 ms, at most a tenth of
-    /// the period; `margin` replaces it, and a margin of zero runs at the published rate.
+    /// The default margin: 1% of the token period, at least 10 ms, at most a tenth of the
+    /// period; `margin` replaces it, and a margin of zero runs at the published rate.
     #[test]
     fn a_route_runs_under_its_published_limit_by_the_default_margin() {
         let runs = |published: Limit| {
@@ -310,20 +308,26 @@ mod tests {
             run.interval().as_millis()
         };
         let limit = |tokens, ms| Limit::new(tokens, Duration::from_millis(ms)).expect("a limit");
-        // 1% of the period.
-        assert_eq!(runs(limit(5, 1_000)), 1_010);
+        // At least 10 ms.
+        assert_eq!(runs(limit(5, 1_000)), 1_050);
         assert_eq!(
             runs(limit(1, 1_000).with_burst(10).expect("a burst")),
             1_010
         );
-        assert_eq!(runs(limit(1, 500)), 505);
-        // At most 10 ms, at least 1 ms, at most a tenth of the period.
-        assert_eq!(runs(limit(1, 60_000)), 60_010);
-        assert_eq!(runs(limit(50, 1_000)), 1_050);
+        assert_eq!(runs(limit(1, 500)), 510);
+        assert_eq!(runs(limit(3, 1_000)), 1_030);
+        // 1% of a longer period.
+        assert_eq!(runs(limit(1, 60_000)), 60_600);
+        assert_eq!(runs(limit(10, 60_000)), 60_600);
+        assert_eq!(runs(limit(1, 3_600_000)), 3_636_000);
+        // At most a tenth of the period, rounded up over the interval.
+        assert_eq!(runs(limit(10, 1_000)), 1_100);
+        assert_eq!(runs(limit(50, 1_000)), 1_100);
         assert_eq!(runs(limit(1_000, 1_000)), 1_100);
-        // A fraction of a millisecond per token, rounded up over the interval.
-        assert_eq!(runs(limit(3, 1_000)), 1_010);
-        // No room for a margin: the limit as given.
+        // The period in whole microseconds: 333 µs, a tenth of it 33 µs.
+        assert_eq!(runs(limit(3_000, 1_000)), 1_099);
+        // Room for 1% only within the longest span a limit holds: past it, the limit as given.
+        assert_eq!(runs(limit(1, 1 << 41)), (1 << 41) + 21_990_232_556);
         let longest = limit(1, 1 << 42);
         assert_eq!(runs(longest), 1 << 42);
 

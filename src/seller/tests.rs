@@ -195,7 +195,7 @@ fn a_margin_lengthens_each_token_period_and_keeps_the_burst() {
     // A margin replaces the default one, never adds to it, and `limit` puts the default back.
     assert_eq!(
         orders().template().bucket_limit(),
-        limit(1, Duration::from_millis(60_010), 10)
+        limit(1, Duration::from_millis(60_600), 10)
     );
     assert_eq!(g.clone().margin(Duration::from_millis(20)), Ok(g.clone()));
     assert_eq!(g.limit(published), orders());

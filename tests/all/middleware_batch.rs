@@ -250,17 +250,11 @@ mod on_redis {
     use crate::support::redis_server;
     use crate::support::strict::StrictUpstream;
 
-    /// The batch's route on a real socket. At "10 per second" the default margin (1 ms) is less
-    /// than what the burst's three new connections, opened at once on a loaded machine, can
-    /// take beyond a reused one's, and the strict upstream counts from the first that arrives:
-    /// 10 ms a token keeps this a test of queueing, not of the margin (`strict_upstream.rs` tests
-    /// the default). At "1 per second" the default margin is 10 ms already.
+    /// The batch's route on a real socket, with the default margin (10 ms a token at these
+    /// rates): the burst's three new connections, opened at once on a loaded machine, take
+    /// longer than a reused one, and the strict upstream counts from the first that arrives.
     fn route(limit: Limit) -> Route {
-        let route = Route::new("orders", limit, "/orders").expect("a route");
-        if limit.interval() / limit.tokens() < Duration::from_secs(1) {
-            return route.margin(Duration::from_millis(10)).expect("a margin");
-        }
-        route
+        Route::new("orders", limit, "/orders").expect("a route")
     }
 
     /// A client on a store of its own on the test Redis, its route on `limit`, asked to queue.

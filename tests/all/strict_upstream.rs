@@ -3,8 +3,9 @@
 //! tolerance): one process, and four processes sharing one real Redis (four stores, each on a
 //! connection and a measured clock of its own), each with several workers asking as fast as
 //! they are let. The default margin of `Route::new` keeps every request inside the upstream's
-//! bucket, and leaves at least 90% of its budget used. The runs here last a few seconds; the
-//! 20-second runs are in the slow tier.
+//! bucket, and leaves at least 90% of its budget used; that of a slow limit also covers an
+//! upstream whose connections' first requests arrive late, as after a handshake. The runs here
+//! last a few seconds; the 20-second runs are in the slow tier.
 #![cfg(all(feature = "reqwest", feature = "redis"))]
 
 use std::time::Duration;
@@ -15,7 +16,7 @@ use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use tokio::time::Instant;
 
 use crate::support::redis_server;
-use crate::support::strict::StrictUpstream;
+use crate::support::strict::{Rejection, StrictUpstream};
 
 /// Workers per process, each sending one request after another.
 const WORKERS: usize = 4;
@@ -24,13 +25,39 @@ struct Run {
     admitted: usize,
     rejected: usize,
     budget: usize,
+    rejections: Vec<Rejection>,
+}
+
+/// The margin a client's route runs under.
+#[derive(Debug, Clone, Copy)]
+enum Margin {
+    /// `Route::new`'s.
+    Default,
+    /// `Route::margin` of this, per token.
+    PerToken(Duration),
+}
+
+impl Margin {
+    fn of(self, route: Route) -> Route {
+        match self {
+            Self::Default => route,
+            Self::PerToken(per_token) => route.margin(per_token).expect("a margin"),
+        }
+    }
 }
 
 /// `processes` clients, each on its own store on one Redis, spend `limit` (the published one,
-/// with the route's defaults) against a strict upstream of that rate and burst for `secs`.
-async fn run(limit: Limit, processes: usize, secs: u64) -> Run {
+/// under `margin`) for `secs` against a strict upstream of that rate and burst whose
+/// connections' first requests arrive `handshake` late.
+async fn run(
+    limit: Limit,
+    processes: usize,
+    secs: u64,
+    handshake: Duration,
+    margin: Margin,
+) -> Run {
     let per_token = limit.interval() / limit.tokens();
-    let upstream = StrictUpstream::start(per_token, limit.burst()).await;
+    let upstream = StrictUpstream::with_handshake(per_token, limit.burst(), handshake).await;
     let prefix = redis_server::unique_prefix();
     let mut clients: Vec<ClientWithMiddleware> = Vec::new();
     for _ in 0..processes {
@@ -40,7 +67,7 @@ async fn run(limit: Limit, processes: usize, secs: u64) -> Run {
             .prefix(&prefix)
             .expect("a valid prefix");
         let limiter = RateLimitMiddleware::new(store)
-            .route(Route::new("api", limit, "/**").expect("a route"));
+            .route(margin.of(Route::new("api", limit, "/**").expect("a route")));
         clients.push(
             ClientBuilder::new(reqwest::Client::new())
                 .with(limiter)
@@ -74,24 +101,42 @@ async fn run(limit: Limit, processes: usize, secs: u64) -> Run {
     }
     let totals = upstream.totals();
     let budget = upstream.budget();
+    let rejections = upstream.rejections();
     upstream.stop().await;
     Run {
         admitted: totals.admitted,
         rejected: totals.rejected,
         budget,
+        rejections,
+    }
+}
+
+impl Run {
+    fn used(&self) -> f64 {
+        self.admitted as f64 / self.budget as f64
+    }
+
+    fn print(&self, what: &str) {
+        eprintln!(
+            "{what}: {} admitted, {} x 429, budget {}, {:.1}% used",
+            self.admitted,
+            self.rejected,
+            self.budget,
+            self.used() * 100.0
+        );
+        for r in &self.rejections {
+            eprintln!(
+                "  429 at {:?} after the first request, {:?} early",
+                r.after_first, r.early_by
+            );
+        }
     }
 }
 
 async fn check(limit: Limit, processes: usize, secs: u64) {
-    let run = run(limit, processes, secs).await;
-    let used = run.admitted as f64 / run.budget as f64;
-    eprintln!(
-        "{limit}, {processes} process(es), {secs} s: {} admitted, {} x 429, budget {}, {:.1}% used",
-        run.admitted,
-        run.rejected,
-        run.budget,
-        used * 100.0
-    );
+    let run = run(limit, processes, secs, Duration::ZERO, Margin::Default).await;
+    let used = run.used();
+    run.print(&format!("{limit}, {processes} process(es), {secs} s"));
     assert_eq!(run.rejected, 0, "no 429 from the strict upstream");
     assert!(
         used >= 0.9,
@@ -156,4 +201,42 @@ async fn for_20_s_the_published_rate_earns_no_429_from_a_strict_upstream_at_1_a_
 async fn for_20_s_the_published_rate_earns_no_429_from_a_strict_upstream_at_1_a_second_burst_10_in_four_processes()
  {
     check(one_a_second_burst_10(), 4, 20).await;
+}
+
+/// An upstream whose connections' first requests arrive 25 ms late, as after a handshake, at
+/// "1 per 5 s, burst 3": the default margin of so slow a limit (1% of the period, 50 ms a token)
+/// covers it, and every request goes inside the upstream's bucket; 10 ms a token, the least
+/// default margin, does not, and the first token after the burst, sent on a warm connection,
+/// is a 429.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "slow tier: 15 s of real time"]
+async fn the_default_margin_of_a_slow_limit_covers_a_first_request_s_handshake() {
+    const HANDSHAKE: Duration = Duration::from_millis(25);
+    let limit = Limit::new(1, Duration::from_secs(5))
+        .and_then(|l| l.with_burst(3))
+        .expect("a limit");
+    let (default, narrow) = tokio::join!(
+        run(limit, 1, 6, HANDSHAKE, Margin::Default),
+        run(
+            limit,
+            1,
+            6,
+            HANDSHAKE,
+            Margin::PerToken(Duration::from_millis(10))
+        ),
+    );
+    default.print(&format!("{limit}, a 25 ms handshake, the default margin"));
+    narrow.print(&format!("{limit}, a 25 ms handshake, 10 ms a token"));
+    assert_eq!(default.rejected, 0, "no 429 under the default margin");
+    assert!(
+        default.used() >= 0.9,
+        "{} of a budget of {} is under 90%",
+        default.admitted,
+        default.budget
+    );
+    assert!(
+        narrow.rejected >= 1,
+        "10 ms a token does not cover a 25 ms handshake: {} x 429",
+        narrow.rejected
+    );
 }

@@ -3,11 +3,13 @@
 //! publishes a limit and enforces exactly that. A request finds a whole token and is answered
 //! 200, or is answered 429 and takes nothing.
 
+use std::collections::HashSet;
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::State;
+use axum::extract::{ConnectInfo, State};
 use axum::http::StatusCode;
 use axum::routing::get;
 use tokio::net::TcpListener;
@@ -23,11 +25,17 @@ struct Bucket {
     last_at: Option<Instant>,
     admitted: usize,
     rejected: usize,
+    /// Each 429: how long after the first request it came, and the tokens the bucket held.
+    rejections: Vec<(Duration, f64)>,
 }
 
 struct Shared {
     per_token: Duration,
     burst: f64,
+    /// How much later than the others the first request of a connection reaches the bucket.
+    handshake: Duration,
+    /// The connections whose first request has been received.
+    connections: Mutex<HashSet<SocketAddr>>,
     bucket: Mutex<Bucket>,
 }
 
@@ -36,6 +44,14 @@ struct Shared {
 pub(crate) struct Totals {
     pub(crate) admitted: usize,
     pub(crate) rejected: usize,
+}
+
+/// A 429 the upstream answered: when, after its first request, and how far short of a whole
+/// token its bucket was, as time.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rejection {
+    pub(crate) after_first: Duration,
+    pub(crate) early_by: Duration,
 }
 
 /// The upstream: `burst` tokens, one more every `per_token`, from its first request on.
@@ -48,9 +64,21 @@ pub(crate) struct StrictUpstream {
 
 impl StrictUpstream {
     pub(crate) async fn start(per_token: Duration, burst: u32) -> Self {
+        Self::with_handshake(per_token, burst, Duration::ZERO).await
+    }
+
+    /// As [`start`](Self::start), with the first request of each connection reaching the bucket
+    /// `handshake` after the others would.
+    pub(crate) async fn with_handshake(
+        per_token: Duration,
+        burst: u32,
+        handshake: Duration,
+    ) -> Self {
         let shared = Arc::new(Shared {
             per_token,
             burst: f64::from(burst),
+            handshake,
+            connections: Mutex::default(),
             bucket: Mutex::default(),
         });
         let app = Router::new()
@@ -62,11 +90,14 @@ impl StrictUpstream {
         let url = format!("http://{}", listener.local_addr().expect("an address"));
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async {
-                    let _ = stopped.await;
-                })
-                .await
+            axum::serve(
+                listener,
+                app.into_make_service_with_connect_info::<SocketAddr>(),
+            )
+            .with_graceful_shutdown(async {
+                let _ = stopped.await;
+            })
+            .await
         });
         Self {
             url,
@@ -86,6 +117,23 @@ impl StrictUpstream {
             admitted: bucket.admitted,
             rejected: bucket.rejected,
         }
+    }
+
+    /// Every 429 answered so far, in order.
+    pub(crate) fn rejections(&self) -> Vec<Rejection> {
+        let bucket = self
+            .shared
+            .bucket
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        bucket
+            .rejections
+            .iter()
+            .map(|&(after_first, tokens)| Rejection {
+                after_first,
+                early_by: self.shared.per_token.mul_f64(1.0 - tokens),
+            })
+            .collect()
     }
 
     /// The most the upstream could have admitted between its first request and its last: its
@@ -116,7 +164,18 @@ impl StrictUpstream {
     }
 }
 
-async fn take(State(shared): State<Arc<Shared>>) -> StatusCode {
+async fn take(
+    State(shared): State<Arc<Shared>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+) -> StatusCode {
+    let first_on_connection = shared
+        .connections
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .insert(peer);
+    if first_on_connection && !shared.handshake.is_zero() {
+        tokio::time::sleep(shared.handshake).await;
+    }
     let now = Instant::now();
     let mut bucket = shared.bucket.lock().unwrap_or_else(PoisonError::into_inner);
     if bucket.first_at.is_none() {
@@ -133,6 +192,8 @@ async fn take(State(shared): State<Arc<Shared>>) -> StatusCode {
     } else {
         bucket.state = Some((tokens, now));
         bucket.rejected += 1;
+        let after_first = now - bucket.first_at.unwrap_or(now);
+        bucket.rejections.push((after_first, tokens));
         StatusCode::TOO_MANY_REQUESTS
     }
 }
