@@ -69,13 +69,17 @@ pub struct Route {
 
 /// `limit` with the default margin per token ([`Route::margin`] says why): 1% of the token
 /// period, at least 10 ms, at most a tenth of the period; the interval it adds is rounded up to
-/// whole milliseconds, as a limit counts them.
+/// whole milliseconds, as a limit counts them, short of a tenth of the interval.
 fn with_default_margin(limit: Limit) -> Limit {
     const FLOOR_US: u128 = 10_000;
     let tokens = u128::from(limit.tokens());
     let period_us = limit.interval().as_micros() / tokens;
     let per_token_us = (period_us / 100).max(FLOOR_US).min(period_us / 10);
-    let extra_ms = (per_token_us * tokens).div_ceil(1_000);
+    // Rounded up to whole milliseconds, but never past a tenth of the interval: a limit of a
+    // few milliseconds has no room for a margin and runs as given.
+    let extra_ms = (per_token_us * tokens)
+        .div_ceil(1_000)
+        .min(limit.interval().as_millis() / 10);
     let lengthened = u64::try_from(extra_ms)
         .ok()
         .and_then(|ms| {
@@ -99,7 +103,7 @@ impl Route {
     /// The bucket runs a little under `limit`'s rate, so that a client given the published
     /// limit and nothing else earns no 429 from an upstream that gives no tolerance: every
     /// token's period is lengthened by the default margin, 1% of the token period, at least
-    /// 10 ms, and never more than a tenth of the period (see [`margin`](Self::margin) for why,
+    /// 10 ms unless that is more than a tenth of the period (see [`margin`](Self::margin) for why,
     /// and for another margin or none). "1 per second" runs at one per 1.01 s, "5 per second"
     /// at one per 210 ms, "1 per minute" at one per 60.6 s; the burst is the limit's.
     /// [`limit`](Self::limit) is `limit` as given, and [`bucket_limit`](Self::bucket_limit)
@@ -128,13 +132,13 @@ impl Route {
     /// only the margin of that one token stands between it and a 429. A timer that fires late
     /// for one request and on time for the next, the store's whole milliseconds, and hosts that
     /// count the shared time a little apart add to it. So the margin of a single token must
-    /// cover the whole difference: at least 10 ms (what a connection's first request can take
-    /// beyond a warm one's on loopback on a loaded host, with room), 1% of the period where
-    /// that is more (a slow limit, such as "1 per minute", then covers a handshake across a
-    /// network at 1% of its budget), and never more than a tenth of the period, so that a
-    /// limit faster than 10 a second keeps 90% of its rate. An upstream whose first request
-    /// costs more than that (a TLS handshake far away, against a limit of a few a second) may
-    /// want a larger margin; one that tolerates early requests, none.
+    /// cover the whole difference: at least 10 ms (a new connection's extra time on a local
+    /// network, with room), 1% of the period where that is more (a slow limit, such as "1 per
+    /// minute", then covers a handshake of a few hundred milliseconds at 1% of its budget), and
+    /// never more than a tenth of the period, so that a limit faster than 10 a second keeps 90%
+    /// of its rate. An upstream whose first request costs more than that (a TLS handshake far
+    /// away, against a limit of a few a second) may want a larger margin; one that tolerates
+    /// early requests, none.
     ///
     /// Called more than once, the last margin applies; it always applies to the published
     /// limit, never on top of another margin.
@@ -326,6 +330,11 @@ mod tests {
         assert_eq!(runs(limit(1_000, 1_000)), 1_100);
         // The period in whole microseconds: 333 µs, a tenth of it 33 µs.
         assert_eq!(runs(limit(3_000, 1_000)), 1_099);
+        // Whole milliseconds, never more than a tenth of the interval: none below 10 ms.
+        assert_eq!(runs(limit(1, 15)), 16);
+        assert_eq!(runs(limit(1, 20)), 22);
+        assert_eq!(runs(limit(1, 9)), 9);
+        assert_eq!(runs(limit(1, 1)), 1);
         // Room for 1% only within the longest span a limit holds: past it, the limit as given.
         assert_eq!(runs(limit(1, 1 << 41)), (1 << 41) + 21_990_232_556);
         let longest = limit(1, 1 << 42);

@@ -176,8 +176,9 @@ async fn take(
     if first_on_connection && !shared.handshake.is_zero() {
         tokio::time::sleep(shared.handshake).await;
     }
-    let now = Instant::now();
     let mut bucket = shared.bucket.lock().unwrap_or_else(PoisonError::into_inner);
+    // Read under the lock, so that requests are counted in the order of their times.
+    let now = Instant::now();
     if bucket.first_at.is_none() {
         bucket.first_at = Some(now);
     }

@@ -6,7 +6,7 @@
 //! to show how processes whose system clocks disagree share one contended bucket. So nothing
 //! here picks a clock: the store is `RedisStore::connect(url)` with a prefix, the middleware
 //! `RateLimitMiddleware::new(store)` with one route, no account (every request of every
-//! process draws from the route's shared key), the default waiting ceiling and no margin. A
+//! process draws from the route's shared key), the default waiting ceiling and margin. A
 //! task sends requests one after the other for `--seconds`; a local 429 ([`RateLimited`])
 //! makes it sleep the `retry_after` it names and try again; a request still waiting for its
 //! turn when the time is up is dropped, which gives its reserved token back.
